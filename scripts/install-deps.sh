@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs the system packages leapfmm needs to build, only those that are missing.
+# As root on Debian/Ubuntu it uses apt-get; otherwise it prints what to install.
+set -euo pipefail
+
+packages=(libhdf5-dev pkg-config)
+missing=()
+for p in "${packages[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+
+if ! command -v cargo >/dev/null 2>&1; then
+    echo "cargo not found: install Rust from https://rustup.rs (no root needed)" >&2
+    exit 1
+fi
+
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+
+if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing: ${missing[*]}" >&2
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+elif command -v dpkg-query >/dev/null 2>&1; then
+    echo "missing system packages: ${missing[*]}" >&2
+    echo "install them with: sudo apt-get install ${missing[*]}" >&2
+    echo "(without root: conda install -c conda-forge hdf5 pkg-config, then export HDF5_DIR=\$CONDA_PREFIX)" >&2
+    exit 1
+fi

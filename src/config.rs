@@ -1,0 +1,743 @@
+//! The run-file schema (TOML), its validation, and error messages that point at the culprit.
+//!
+//! Every problem is reported before any work starts, as one sentence naming the file, the key
+//! (with line:column where the text can be located) and the offending value. Relative paths
+//! inside a config are taken from the current working directory, as in GADGET and SWIFT.
+
+use crate::gravity::{Softening, SofteningKernel};
+use crate::ics::ModelFile;
+use crate::units::UnitSystem;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// A problem with a config or model file.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    /// The file could not be read at all.
+    #[error("cannot read {path}: {reason}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why (OS error text).
+        reason: String,
+    },
+    /// The TOML is malformed, has an unknown key, or a value of the wrong type.
+    #[error("{path}:{location}: {key}{message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// line:column of the problem.
+        location: Location,
+        /// "key 'a.b': " when the key could be determined, else empty.
+        key: String,
+        /// The parser's description.
+        message: String,
+    },
+    /// A value parsed but is not allowed.
+    #[error("{path}{location}: key '{key}' = {value}: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// ":line:column" when the key was found in the text, else empty.
+        location: OptionalLocation,
+        /// Dotted key path.
+        key: String,
+        /// The value as written.
+        value: String,
+        /// What is wrong and what is expected.
+        reason: String,
+    },
+}
+
+/// A 1-based line and column in a text file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Location {
+    /// Line number, from 1.
+    pub line: usize,
+    /// Column number (characters), from 1.
+    pub column: usize,
+}
+
+impl fmt::Display for Location {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.line, self.column)
+    }
+}
+
+/// A location that may be unknown; displays as ":line:column" or nothing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OptionalLocation(pub Option<Location>);
+
+impl fmt::Display for OptionalLocation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.0 {
+            Some(loc) => write!(f, ":{loc}"),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A TOML file's text, kept so that validation errors can point into it.
+#[derive(Debug, Clone)]
+pub struct SourceText {
+    /// Where it came from.
+    pub path: PathBuf,
+    /// Its full text.
+    pub text: String,
+}
+
+impl SourceText {
+    /// Reads a file.
+    pub fn read(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.to_path_buf(),
+            reason: e.to_string(),
+        })?;
+        Ok(SourceText {
+            path: path.to_path_buf(),
+            text,
+        })
+    }
+
+    /// Deserialises the text, turning parser errors into located, key-naming messages.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T, ConfigError> {
+        toml::from_str(&self.text).map_err(|e| {
+            let offset = e.span().map(|s| s.start).unwrap_or(0);
+            let key = key_at(&self.text, offset)
+                .map(|k| format!("key '{k}': "))
+                .unwrap_or_default();
+            ConfigError::Parse {
+                path: self.path.clone(),
+                location: location_of(&self.text, offset),
+                key,
+                message: e.message().trim().replace('\n', " "),
+            }
+        })
+    }
+
+    /// An "invalid value" error for `key`, located in the text when possible.
+    pub fn invalid(
+        &self,
+        key: &str,
+        value: impl fmt::Display,
+        reason: impl Into<String>,
+    ) -> ConfigError {
+        ConfigError::Invalid {
+            path: self.path.clone(),
+            location: OptionalLocation(locate_key(&self.text, key)),
+            key: key.to_string(),
+            value: value.to_string(),
+            reason: reason.into(),
+        }
+    }
+}
+
+/// Line and column of a byte offset.
+fn location_of(text: &str, offset: usize) -> Location {
+    let offset = offset.min(text.len());
+    let before = &text[..offset];
+    let line = before.matches('\n').count() + 1;
+    let line_start = before.rfind('\n').map(|i| i + 1).unwrap_or(0);
+    Location {
+        line,
+        column: text[line_start..offset].chars().count() + 1,
+    }
+}
+
+/// The header name of a `[table]` line, if `line` is one.
+fn table_header(line: &str) -> Option<String> {
+    let t = line.trim();
+    if t.starts_with("[[") {
+        return None;
+    }
+    let inner = t.strip_prefix('[')?.split(']').next()?;
+    Some(inner.trim().replace(['"', ' '], ""))
+}
+
+/// The bare key of a `key = value` line.
+fn line_key(line: &str) -> Option<String> {
+    let t = line.trim();
+    if t.starts_with('#') || t.starts_with('[') {
+        return None;
+    }
+    let (k, _) = t.split_once('=')?;
+    Some(k.trim().trim_matches('"').to_string())
+}
+
+/// The dotted key whose line contains `offset` (or the table whose header does).
+fn key_at(text: &str, offset: usize) -> Option<String> {
+    let loc = location_of(text, offset);
+    let mut table = String::new();
+    for (n, line) in text.lines().enumerate() {
+        if let Some(h) = table_header(line) {
+            table = h;
+        }
+        if n + 1 == loc.line {
+            if let Some(h) = table_header(line) {
+                return Some(h);
+            }
+            let k = line_key(line)?;
+            return Some(if table.is_empty() {
+                k
+            } else {
+                format!("{table}.{k}")
+            });
+        }
+    }
+    None
+}
+
+/// Where the value of dotted `key` starts in the text, if it is written as `key = value`
+/// inside its `[table]` (the layout every shipped file uses).
+fn locate_key(text: &str, key: &str) -> Option<Location> {
+    let (table, leaf) = match key.rsplit_once('.') {
+        Some((t, l)) => (t, l),
+        None => ("", key),
+    };
+    let mut current = String::new();
+    let mut offset = 0;
+    for line in text.split_inclusive('\n') {
+        if let Some(h) = table_header(line) {
+            current = h;
+        } else if current == table && line_key(line).as_deref() == Some(leaf) {
+            let eq = line.find('=').unwrap_or(0);
+            let value_start = eq + 1 + (line[eq + 1..].len() - line[eq + 1..].trim_start().len());
+            return Some(location_of(text, offset + value_start));
+        }
+        offset += line.len();
+    }
+    None
+}
+
+// ------------------------------------------------------------------------------------------
+// Schema
+// ------------------------------------------------------------------------------------------
+
+/// One run: what to simulate, how, and what to write. See `docs/config.md`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunConfig {
+    /// Run name; the run's folder is `output_dir/name`.
+    pub name: String,
+    /// Parent folder of the run folder.
+    #[serde(default = "default_output_dir")]
+    pub output_dir: PathBuf,
+    /// Seed of every random stream of the run.
+    #[serde(default)]
+    pub seed: u64,
+    /// Unit system of every quantity in the run.
+    #[serde(default)]
+    pub units: UnitSystem,
+    /// Initial conditions.
+    pub ics: IcsConfig,
+    /// Force solver.
+    pub gravity: GravityConfig,
+    /// Time integration.
+    pub integrator: IntegratorConfig,
+    /// Snapshots, checkpoints and diagnostics.
+    #[serde(default)]
+    pub output: OutputConfig,
+}
+
+fn default_output_dir() -> PathBuf {
+    PathBuf::from("runs")
+}
+
+/// `[ics]`: either a model file with a particle count, or an existing snapshot file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IcsConfig {
+    /// Model file (TOML, see `ics/`).
+    pub model: Option<PathBuf>,
+    /// Particle count for `model`.
+    pub n: Option<i64>,
+    /// GADGET-format HDF5 initial-conditions file.
+    pub file: Option<PathBuf>,
+}
+
+/// Which force solver a run uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum SolverKind {
+    /// Direct summation, O(N^2), f64: the reference.
+    #[default]
+    Direct,
+}
+
+/// `[gravity]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GravityConfig {
+    /// Force solver.
+    #[serde(default)]
+    pub solver: SolverKind,
+    /// Plummer-equivalent softening length (0 = Newtonian).
+    pub softening: f64,
+    /// Softening kernel.
+    #[serde(default)]
+    pub kernel: SofteningKernel,
+}
+
+impl GravityConfig {
+    /// The softening this section describes.
+    pub fn softening(&self) -> Softening {
+        Softening {
+            kernel: self.kernel,
+            epsilon: self.softening,
+        }
+    }
+}
+
+/// `[integrator]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct IntegratorConfig {
+    /// End time of the run.
+    pub t_end: f64,
+    /// Largest step; every step is `dt_max / 2^k`.
+    pub dt_max: f64,
+    /// Accuracy parameter of `dt = eta sqrt(eps / max|a|)`.
+    #[serde(default = "default_eta")]
+    pub eta: f64,
+    /// Use `dt_max` for every step, ignoring the acceleration criterion.
+    #[serde(default)]
+    pub fixed_step: bool,
+}
+
+fn default_eta() -> f64 {
+    0.15
+}
+
+/// Storage precision of snapshot coordinates and velocities.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    /// f32 (GADGET default).
+    #[default]
+    Single,
+    /// f64.
+    Double,
+}
+
+/// `[output]`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutputConfig {
+    /// Simulation time between snapshots (a whole multiple of `dt_max`); none = first and last only.
+    pub snapshot_interval: Option<f64>,
+    /// Simulation time between checkpoints (a whole multiple of `dt_max`).
+    pub checkpoint_interval: Option<f64>,
+    /// Wall-clock minutes between checkpoints.
+    #[serde(default = "default_checkpoint_minutes")]
+    pub checkpoint_wall_minutes: f64,
+    /// How many checkpoints to keep.
+    #[serde(default = "default_keep")]
+    pub keep_checkpoints: i64,
+    /// Snapshot precision of coordinates and velocities.
+    #[serde(default)]
+    pub snapshot_precision: Precision,
+    /// Write `Potential` in snapshots.
+    #[serde(default)]
+    pub snapshot_potential: bool,
+    /// Write `Acceleration` in snapshots.
+    #[serde(default)]
+    pub snapshot_acceleration: bool,
+    /// Write a diagnostics row every this many steps.
+    #[serde(default = "default_diagnostics_every")]
+    pub diagnostics_every: i64,
+}
+
+fn default_checkpoint_minutes() -> f64 {
+    30.0
+}
+fn default_keep() -> i64 {
+    3
+}
+fn default_diagnostics_every() -> i64 {
+    1
+}
+
+impl Default for OutputConfig {
+    fn default() -> Self {
+        OutputConfig {
+            snapshot_interval: None,
+            checkpoint_interval: None,
+            checkpoint_wall_minutes: default_checkpoint_minutes(),
+            keep_checkpoints: default_keep(),
+            snapshot_precision: Precision::default(),
+            snapshot_potential: false,
+            snapshot_acceleration: false,
+            diagnostics_every: default_diagnostics_every(),
+        }
+    }
+}
+
+// ------------------------------------------------------------------------------------------
+// Validation
+// ------------------------------------------------------------------------------------------
+
+/// Where the initial particles come from, after validation.
+#[derive(Debug, Clone)]
+pub enum IcSource {
+    /// Sample a model.
+    Model {
+        /// The model file.
+        path: PathBuf,
+        /// Its parsed content.
+        model: ModelFile,
+        /// Particle count.
+        n: usize,
+    },
+    /// Read a GADGET-format HDF5 file.
+    File {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
+/// A run config that passed every check, with everything derived from it.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// The config file and its text.
+    pub source: SourceText,
+    /// The parsed config.
+    pub config: RunConfig,
+    /// Where the initial conditions come from.
+    pub ics: IcSource,
+    /// The run's folder (`output_dir/name`).
+    pub run_dir: PathBuf,
+}
+
+/// How many whole `dt_max` steps `value` spans, or why it is not a whole multiple.
+pub fn whole_multiple(value: f64, dt_max: f64) -> Option<u64> {
+    let ratio = value / dt_max;
+    let rounded = ratio.round();
+    if rounded >= 1.0 && (ratio - rounded).abs() <= 1e-9 * rounded && rounded < 1e7 {
+        Some(rounded as u64)
+    } else {
+        None
+    }
+}
+
+impl RunSpec {
+    /// Reads, parses and validates a run config; nothing is written except a probe file
+    /// proving the output folder is writable.
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let source = SourceText::read(path)?;
+        let config: RunConfig = source.parse()?;
+        Self::validate(source, config)
+    }
+
+    /// Validates an already parsed config against its text.
+    pub fn validate(source: SourceText, config: RunConfig) -> Result<Self, ConfigError> {
+        let s = &source;
+        validate_name(s, &config.name)?;
+        let ics = validate_ics(s, &config)?;
+        validate_gravity(s, &config.gravity)?;
+        validate_integrator(s, &config.integrator)?;
+        validate_output(s, &config)?;
+        let run_dir = config.output_dir.join(&config.name);
+        check_writable(s, &config.output_dir)?;
+        Ok(RunSpec {
+            source,
+            config,
+            ics,
+            run_dir,
+        })
+    }
+}
+
+fn validate_name(s: &SourceText, name: &str) -> Result<(), ConfigError> {
+    let ok = !name.is_empty()
+        && name != "."
+        && name != ".."
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+' | '='));
+    if ok {
+        Ok(())
+    } else {
+        Err(s.invalid(
+            "name",
+            format!("{name:?}"),
+            "the run name becomes a folder name, so use only letters, digits and - _ . + =",
+        ))
+    }
+}
+
+fn validate_ics(s: &SourceText, config: &RunConfig) -> Result<IcSource, ConfigError> {
+    let ics = &config.ics;
+    match (&ics.model, &ics.file) {
+        (Some(_), Some(file)) => Err(s.invalid(
+            "ics.file",
+            format!("{:?}", file.display().to_string()),
+            "give either ics.model (with ics.n) or ics.file, not both",
+        )),
+        (None, None) => Err(s.invalid(
+            "ics",
+            "{}",
+            "give either ics.model (a model file with ics.n particles) or ics.file (an HDF5 file)",
+        )),
+        (None, Some(file)) => {
+            if let Some(n) = ics.n {
+                return Err(s.invalid(
+                    "ics.n",
+                    n,
+                    "ics.n applies to ics.model only; an ics.file brings its own particles",
+                ));
+            }
+            if !file.is_file() {
+                return Err(s.invalid(
+                    "ics.file",
+                    format!("{:?}", file.display().to_string()),
+                    format!("no such file ({})", absolute(file).display()),
+                ));
+            }
+            Ok(IcSource::File { path: file.clone() })
+        }
+        (Some(model_path), None) => {
+            let n = match ics.n {
+                None => {
+                    return Err(s.invalid(
+                        "ics.n",
+                        "(missing)",
+                        "a model needs a particle count ics.n",
+                    ));
+                }
+                Some(n) if n < 1 => {
+                    return Err(s.invalid("ics.n", n, "the particle count must be at least 1"));
+                }
+                Some(n) if n > (1i64 << 40) => {
+                    return Err(s.invalid("ics.n", n, "the particle count must be below 2^40"));
+                }
+                Some(n) => n as usize,
+            };
+            if !model_path.is_file() {
+                return Err(s.invalid(
+                    "ics.model",
+                    format!("{:?}", model_path.display().to_string()),
+                    format!("no such file ({})", absolute(model_path).display()),
+                ));
+            }
+            let model = ModelFile::load(model_path)?;
+            if model.units != config.units {
+                return Err(s.invalid(
+                    "units",
+                    format!("{:?}", config.units.name()),
+                    format!(
+                        "the model file {} is in '{}' units; use the same unit system",
+                        model_path.display(),
+                        model.units.name()
+                    ),
+                ));
+            }
+            Ok(IcSource::Model {
+                path: model_path.clone(),
+                model,
+                n,
+            })
+        }
+    }
+}
+
+fn validate_gravity(s: &SourceText, g: &GravityConfig) -> Result<(), ConfigError> {
+    if !(g.softening.is_finite() && g.softening >= 0.0) {
+        return Err(s.invalid(
+            "gravity.softening",
+            g.softening,
+            "the softening length must be a finite number >= 0",
+        ));
+    }
+    Ok(())
+}
+
+fn validate_integrator(s: &SourceText, i: &IntegratorConfig) -> Result<(), ConfigError> {
+    if !(i.t_end.is_finite() && i.t_end > 0.0) {
+        return Err(s.invalid("integrator.t_end", i.t_end, "the end time must be positive"));
+    }
+    if !(i.dt_max.is_finite() && i.dt_max > 0.0) {
+        return Err(s.invalid(
+            "integrator.dt_max",
+            i.dt_max,
+            "the largest step must be positive",
+        ));
+    }
+    if i.dt_max > i.t_end {
+        return Err(s.invalid(
+            "integrator.dt_max",
+            i.dt_max,
+            format!("the largest step exceeds integrator.t_end = {}", i.t_end),
+        ));
+    }
+    if whole_multiple(i.t_end, i.dt_max).is_none() {
+        return Err(s.invalid(
+            "integrator.t_end",
+            i.t_end,
+            format!(
+                "the end time must be a whole multiple of integrator.dt_max = {} so that it is hit exactly",
+                i.dt_max
+            ),
+        ));
+    }
+    if !(i.eta.is_finite() && i.eta > 0.0) {
+        return Err(s.invalid("integrator.eta", i.eta, "eta must be positive"));
+    }
+    Ok(())
+}
+
+fn validate_output(s: &SourceText, c: &RunConfig) -> Result<(), ConfigError> {
+    let o = &c.output;
+    let dt_max = c.integrator.dt_max;
+    for (key, value) in [
+        ("output.snapshot_interval", o.snapshot_interval),
+        ("output.checkpoint_interval", o.checkpoint_interval),
+    ] {
+        if let Some(v) = value {
+            if !(v.is_finite() && v > 0.0) {
+                return Err(s.invalid(key, v, "the interval must be positive"));
+            }
+            if whole_multiple(v, dt_max).is_none() {
+                return Err(s.invalid(
+                    key,
+                    v,
+                    format!(
+                        "the interval must be a whole multiple of integrator.dt_max = {dt_max} so that output times are hit exactly"
+                    ),
+                ));
+            }
+        }
+    }
+    if !(o.checkpoint_wall_minutes.is_finite() && o.checkpoint_wall_minutes > 0.0) {
+        return Err(s.invalid(
+            "output.checkpoint_wall_minutes",
+            o.checkpoint_wall_minutes,
+            "the wall-clock checkpoint interval must be positive",
+        ));
+    }
+    if o.keep_checkpoints < 1 {
+        return Err(s.invalid(
+            "output.keep_checkpoints",
+            o.keep_checkpoints,
+            "keep at least 1 checkpoint",
+        ));
+    }
+    if o.diagnostics_every < 1 {
+        return Err(s.invalid(
+            "output.diagnostics_every",
+            o.diagnostics_every,
+            "write diagnostics at least every 1 step",
+        ));
+    }
+    Ok(())
+}
+
+/// Creates the output folder if needed and proves it is writable with a probe file.
+fn check_writable(s: &SourceText, dir: &Path) -> Result<(), ConfigError> {
+    let shown = format!("{:?}", dir.display().to_string());
+    if dir.exists() && !dir.is_dir() {
+        return Err(s.invalid("output_dir", shown, "this is a file, not a folder"));
+    }
+    std::fs::create_dir_all(dir).map_err(|e| {
+        s.invalid(
+            "output_dir",
+            &shown,
+            format!("the folder cannot be created: {e}"),
+        )
+    })?;
+    let probe = dir.join(format!(".leapfmm-write-probe-{}", std::process::id()));
+    std::fs::write(&probe, b"probe").map_err(|e| {
+        s.invalid(
+            "output_dir",
+            &shown,
+            format!("the folder is not writable: {e}"),
+        )
+    })?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// `path` made absolute for messages (unchanged if the working directory is unknown).
+pub fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Keys that may differ between a checkpoint's config and the config used to resume it.
+const RESUMABLE_CHANGES: [&str; 3] = [
+    "integrator.t_end",
+    "output.checkpoint_wall_minutes",
+    "output.keep_checkpoints",
+];
+
+/// Dotted keys whose values differ between two configs (saved, now), except those a resume
+/// may change, with both values as written.
+pub fn resume_conflicts(saved: &RunConfig, now: &RunConfig) -> Vec<(String, String, String)> {
+    let flat = |c: &RunConfig| -> std::collections::BTreeMap<String, String> {
+        flatten(c)
+            .into_iter()
+            .map(|(k, v)| (k, v.to_string()))
+            .collect()
+    };
+    let (a, b) = (flat(saved), flat(now));
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter()
+        .filter(|k| !RESUMABLE_CHANGES.contains(&k.as_str()))
+        .filter_map(|k| {
+            let (va, vb) = (a.get(k), b.get(k));
+            (va != vb).then(|| {
+                let show = |v: Option<&String>| v.cloned().unwrap_or_else(|| "(unset)".into());
+                (k.clone(), show(va), show(vb))
+            })
+        })
+        .collect()
+}
+
+/// Any serialisable settings as dotted keys and TOML values, in table order.
+pub fn flatten<T: Serialize>(settings: &T) -> Vec<(String, toml::Value)> {
+    fn walk(prefix: &str, v: &toml::Value, out: &mut Vec<(String, toml::Value)>) {
+        match v {
+            toml::Value::Table(t) => {
+                for (k, v) in t {
+                    let key = if prefix.is_empty() {
+                        k.clone()
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&key, v, out);
+                }
+            }
+            other => out.push((prefix.to_string(), other.clone())),
+        }
+    }
+    let mut out = Vec::new();
+    if let Ok(v) = toml::Value::try_from(settings) {
+        walk("", &v, &mut out);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn locates_keys_and_offsets() {
+        let text = "name = \"a\"\n[gravity]\nsoftening = -1.0\nkernel = \"plummer\"\n";
+        let loc = locate_key(text, "gravity.softening").unwrap();
+        assert_eq!((loc.line, loc.column), (3, 13));
+        assert_eq!(locate_key(text, "name").unwrap().line, 1);
+        assert!(locate_key(text, "gravity.missing").is_none());
+        let off = text.find("-1.0").unwrap();
+        assert_eq!(key_at(text, off).unwrap(), "gravity.softening");
+    }
+
+    #[test]
+    fn whole_multiples() {
+        assert_eq!(whole_multiple(1.0, 0.01), Some(100));
+        assert_eq!(whole_multiple(0.3, 0.1), Some(3));
+        assert_eq!(whole_multiple(0.25, 0.1), None);
+        assert_eq!(whole_multiple(0.001, 0.01), None);
+    }
+}

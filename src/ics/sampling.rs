@@ -1,0 +1,197 @@
+//! Shared sampling machinery: seeded substreams, isotropic directions, speeds from a
+//! distribution function, and centring.
+
+use crate::particles::{Component, Particles};
+use crate::sum::sum_indexed;
+use rand::RngExt;
+use rand_pcg::Pcg64;
+use rayon::prelude::*;
+
+/// Particles per random substream; IDs `first_id + k*BLOCK ..` share one stream.
+pub const BLOCK: usize = 4096;
+
+/// The random stream of one block of particles of one model component. Streams are distinct
+/// for every (seed, component stream, block), so blocks can be generated in any order or
+/// on any rank.
+pub fn block_rng(seed: u64, stream: u64, block: u64) -> Pcg64 {
+    let state = (u128::from(splitmix64(seed)) << 64) | u128::from(splitmix64(seed ^ 0x9e37_79b9));
+    let increment = (u128::from(stream) << 64) | u128::from(block);
+    Pcg64::new(state, increment)
+}
+
+/// SplitMix64 finaliser: spreads nearby seeds over the whole state space.
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// A uniformly random unit vector.
+pub fn isotropic_unit(rng: &mut Pcg64) -> [f64; 3] {
+    let cos_t: f64 = 2.0 * rng.random::<f64>() - 1.0;
+    let phi: f64 = 2.0 * std::f64::consts::PI * rng.random::<f64>();
+    let sin_t = (1.0 - cos_t * cos_t).max(0.0).sqrt();
+    [sin_t * phi.cos(), sin_t * phi.sin(), cos_t]
+}
+
+/// A spherical model with an isotropic distribution function.
+pub trait SphericalModel: Sync {
+    /// Enclosed mass fraction M(<r)/M of the untruncated model.
+    fn mass_fraction(&self, r: f64) -> f64;
+    /// Inverse of `mass_fraction`.
+    fn radius_of_mass_fraction(&self, u: f64) -> f64;
+    /// Total mass of the untruncated model.
+    fn total_mass(&self) -> f64;
+    /// A speed drawn from the distribution function at radius `r`.
+    fn sample_speed(&self, r: f64, rng: &mut Pcg64) -> f64;
+}
+
+/// Samples `n` particles of a spherical model inside `truncation` (if any). Particles carry
+/// equal masses adding up to the model's mass inside the truncation radius, so the enclosed
+/// mass profile is exactly the analytic one there.
+pub fn sample_sphere<M: SphericalModel>(
+    model: &M,
+    truncation: Option<f64>,
+    n: usize,
+    seed: u64,
+    stream: u64,
+    component: Component,
+    first_id: u64,
+) -> Particles {
+    let u_max = truncation.map_or(1.0, |rt| model.mass_fraction(rt));
+    let mass = model.total_mass() * u_max / n as f64;
+    let blocks: Vec<Particles> = (0..n.div_ceil(BLOCK))
+        .into_par_iter()
+        .map(|b| {
+            let mut rng = block_rng(seed, stream, b as u64);
+            let count = BLOCK.min(n - b * BLOCK);
+            let mut out = Particles::with_capacity(count);
+            for k in 0..count {
+                let r = model.radius_of_mass_fraction(u_max * rng.random::<f64>());
+                let dir = isotropic_unit(&mut rng);
+                let v = model.sample_speed(r, &mut rng);
+                let vdir = isotropic_unit(&mut rng);
+                out.push(
+                    [r * dir[0], r * dir[1], r * dir[2]],
+                    [v * vdir[0], v * vdir[1], v * vdir[2]],
+                    mass,
+                    first_id + (b * BLOCK + k) as u64,
+                    component,
+                );
+            }
+            out
+        })
+        .collect();
+    let mut particles = Particles::with_capacity(n);
+    for block in blocks {
+        particles.extend(block);
+    }
+    particles
+}
+
+/// Draws `w` in [0, 1] with density proportional to `density(w)` by rejection against a
+/// numerically located maximum. `density` must be unimodal (true of `w^2 f(E)` for the
+/// monotonic distribution functions used here).
+pub fn sample_unimodal(density: impl Fn(f64) -> f64, rng: &mut Pcg64) -> f64 {
+    let peak = unimodal_max(&density) * 1.02;
+    loop {
+        let w: f64 = rng.random();
+        let y: f64 = rng.random::<f64>() * peak;
+        if y <= density(w) {
+            return w;
+        }
+    }
+}
+
+/// Maximum of a unimodal function on [0, 1]: a grid dense near 0 (where sharp peaks occur
+/// close to a cusp) followed by golden-section refinement.
+fn unimodal_max(density: &impl Fn(f64) -> f64) -> f64 {
+    const GRID: usize = 48;
+    let grid: Vec<f64> = (0..=GRID)
+        .map(|k| {
+            let t = k as f64 / GRID as f64;
+            // Log-spaced from 1e-8 to 1, then every point is also shifted linearly.
+            (1e-8f64).powf(1.0 - t).max(t)
+        })
+        .collect();
+    let mut best = 0;
+    for k in 1..grid.len() {
+        if density(grid[k]) > density(grid[best]) {
+            best = k;
+        }
+    }
+    let (mut lo, mut hi) = (
+        if best == 0 { 0.0 } else { grid[best - 1] },
+        grid[(best + 1).min(GRID)],
+    );
+    let golden = 0.618_033_988_749_894_8;
+    for _ in 0..60 {
+        let a = hi - golden * (hi - lo);
+        let b = lo + golden * (hi - lo);
+        if density(a) < density(b) {
+            lo = a;
+        } else {
+            hi = b;
+        }
+    }
+    density(0.5 * (lo + hi)).max(density(grid[best]))
+}
+
+/// Moves the centre of mass to the origin and removes its velocity (deterministic sums).
+pub fn centre(p: &mut Particles) {
+    if p.is_empty() {
+        return;
+    }
+    let s = sum_indexed(p.len(), |i| {
+        let m = p.mass[i];
+        [
+            m,
+            m * p.pos[i][0],
+            m * p.pos[i][1],
+            m * p.pos[i][2],
+            m * p.vel[i][0],
+            m * p.vel[i][1],
+            m * p.vel[i][2],
+        ]
+    });
+    let com = [s[1] / s[0], s[2] / s[0], s[3] / s[0]];
+    let vcom = [s[4] / s[0], s[5] / s[0], s[6] / s[0]];
+    p.pos.par_iter_mut().for_each(|x| {
+        for k in 0..3 {
+            x[k] -= com[k];
+        }
+    });
+    p.vel.par_iter_mut().for_each(|v| {
+        for k in 0..3 {
+            v[k] -= vcom[k];
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn streams_differ_and_repeat() {
+        let a: Vec<u64> = (0..4).map(|_| block_rng(1, 0, 0).random()).collect();
+        let mut r = block_rng(1, 0, 0);
+        let b: u64 = r.random();
+        assert_eq!(a[0], b);
+        let c: u64 = block_rng(1, 0, 1).random();
+        let d: u64 = block_rng(2, 0, 0).random();
+        let e: u64 = block_rng(1, 1, 0).random();
+        assert!(b != c && b != d && b != e && c != d);
+    }
+
+    #[test]
+    fn finds_sharp_peak_near_zero() {
+        let delta: f64 = 1e-6;
+        let f = |w: f64| w * w / (delta + w * w).powf(2.5);
+        let w_peak = (2.0 * delta / 3.0).sqrt();
+        let exact = f(w_peak);
+        let found = unimodal_max(&f);
+        assert!((found / exact - 1.0).abs() < 1e-6, "{found} vs {exact}");
+    }
+}

@@ -1,0 +1,5 @@
+//! Time integration: the kick-drift-kick leapfrog, its step choice, and diagnostics.
+
+pub mod diagnostics;
+pub mod leapfrog;
+pub mod timestep;

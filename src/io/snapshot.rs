@@ -1,0 +1,454 @@
+//! Snapshots in the GADGET-4 HDF5 layout (design §8), so yt, pynbody and h5py read them
+//! unchanged; and a reader for GADGET-format files written by other codes.
+
+use super::hdf5_util::{
+    read_f64, read_f64_array, read_string, read_u64_array, vectors_to_array, write_array,
+    write_scalar, write_string,
+};
+use crate::config::Precision;
+use crate::particles::{Component, Particles};
+use crate::units::{CgsUnits, UnitSystem};
+use ndarray::Array1;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Number of GADGET particle types.
+pub const PART_TYPES: usize = 6;
+
+/// A snapshot that could not be written or read.
+#[derive(Debug, Error)]
+pub enum SnapshotError {
+    /// HDF5 refused an operation.
+    #[error("{path}: {what}: {reason}")]
+    Hdf5 {
+        /// The file.
+        path: PathBuf,
+        /// What was being done.
+        what: String,
+        /// HDF5's message.
+        reason: String,
+    },
+    /// The file opened but its content is not usable.
+    #[error("{path}: {reason}")]
+    Content {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+/// Everything about a snapshot other than the particles.
+#[derive(Debug, Clone)]
+pub struct SnapshotInfo<'a> {
+    /// Simulation time.
+    pub time: f64,
+    /// Unit system of the values.
+    pub units: UnitSystem,
+    /// Coordinates/velocities precision.
+    pub precision: Precision,
+    /// Also write `Potential`.
+    pub potential: bool,
+    /// Also write `Acceleration`.
+    pub acceleration: bool,
+    /// Settings recorded under `/Parameters` as `leapfmm.<key>` attributes.
+    pub parameters: Vec<(String, toml::Value)>,
+    /// The full settings text (run config or model file), recorded as `leapfmm_config`.
+    pub settings_text: Option<&'a str>,
+}
+
+/// Writes one snapshot file atomically (temporary name, then rename), particles grouped by
+/// `PartType` and sorted by ID within each group.
+pub fn write_snapshot(
+    path: &Path,
+    particles: &Particles,
+    info: &SnapshotInfo,
+) -> Result<(), SnapshotError> {
+    let tmp = temporary_name(path);
+    let result = write_file(&tmp, particles, info).map_err(|e| SnapshotError::Hdf5 {
+        path: path.to_path_buf(),
+        what: "writing snapshot".into(),
+        reason: e.to_string(),
+    });
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, path).map_err(|e| SnapshotError::Content {
+        path: path.to_path_buf(),
+        reason: format!("cannot move the finished snapshot into place: {e}"),
+    })
+}
+
+/// `dir/.name.tmp` for `dir/name`.
+fn temporary_name(path: &Path) -> PathBuf {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    path.with_file_name(format!(".{name}.tmp"))
+}
+
+fn write_file(path: &Path, particles: &Particles, info: &SnapshotInfo) -> hdf5::Result<()> {
+    let file = hdf5::File::create(path)?;
+    let mut by_type: Vec<Vec<usize>> = vec![Vec::new(); PART_TYPES];
+    for c in Component::ALL {
+        let mut idx = particles.indices_of(c);
+        idx.sort_by_key(|&i| particles.id[i]);
+        by_type[c.part_type()].extend(idx);
+    }
+    let counts: Vec<u32> = by_type.iter().map(|v| v.len() as u32).collect();
+    let high: Vec<u32> = by_type
+        .iter()
+        .map(|v| (v.len() as u64 >> 32) as u32)
+        .collect();
+    let double = info.precision == Precision::Double;
+
+    let header = file.create_group("Header")?;
+    write_array(&header, "NumPart_ThisFile", &counts)?;
+    write_array(&header, "NumPart_Total", &counts)?;
+    write_array(&header, "NumPart_Total_HighWord", &high)?;
+    write_array(&header, "MassTable", &[0.0f64; PART_TYPES])?;
+    write_scalar(&header, "Time", info.time)?;
+    write_scalar(&header, "Redshift", 0.0f64)?;
+    write_scalar(&header, "BoxSize", 0.0f64)?;
+    write_scalar(&header, "NumFilesPerSnapshot", 1i32)?;
+    write_scalar(&header, "Omega0", 0.0f64)?;
+    write_scalar(&header, "OmegaLambda", 0.0f64)?;
+    write_scalar(&header, "HubbleParam", 1.0f64)?;
+    for flag in [
+        "Flag_Sfr",
+        "Flag_Cooling",
+        "Flag_StellarAge",
+        "Flag_Metals",
+        "Flag_Feedback",
+    ] {
+        write_scalar(&header, flag, 0i32)?;
+    }
+    write_scalar(&header, "Flag_DoublePrecision", i32::from(double))?;
+
+    write_units(&file, info.units)?;
+    write_parameters(&file, info)?;
+
+    for (pt, idx) in by_type.iter().enumerate() {
+        if idx.is_empty() {
+            continue;
+        }
+        let g = file.create_group(&format!("PartType{pt}"))?;
+        let pick3 = |v: &[[f64; 3]]| idx.iter().map(|&i| v[i]).collect::<Vec<_>>();
+        let pick1 = |v: &[f64]| Array1::from_iter(idx.iter().map(|&i| v[i]));
+        let vectors = [
+            ("Coordinates", &particles.pos, true),
+            ("Velocities", &particles.vel, true),
+            ("Acceleration", &particles.acc, info.acceleration),
+        ];
+        for (name, data, wanted) in vectors {
+            if !wanted {
+                continue;
+            }
+            let sel = pick3(data);
+            if double {
+                g.new_dataset_builder()
+                    .with_data(&vectors_to_array(&sel, |x| x))
+                    .create(name)?;
+            } else {
+                g.new_dataset_builder()
+                    .with_data(&vectors_to_array(&sel, |x| x as f32))
+                    .create(name)?;
+            }
+        }
+        let ids = Array1::from_iter(idx.iter().map(|&i| particles.id[i]));
+        g.new_dataset_builder()
+            .with_data(&ids)
+            .create("ParticleIDs")?;
+        g.new_dataset_builder()
+            .with_data(&pick1(&particles.mass))
+            .create("Masses")?;
+        if info.potential {
+            if double {
+                g.new_dataset_builder()
+                    .with_data(&pick1(&particles.pot))
+                    .create("Potential")?;
+            } else {
+                g.new_dataset_builder()
+                    .with_data(&pick1(&particles.pot).mapv(|x| x as f32))
+                    .create("Potential")?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// SWIFT-style `/Units` group of cgs conversion factors (all 1 for N-body units).
+fn write_units(file: &hdf5::File, units: UnitSystem) -> hdf5::Result<()> {
+    let g = file.create_group("Units")?;
+    let c = units.cgs().unwrap_or(CgsUnits {
+        length_cm: 1.0,
+        mass_g: 1.0,
+        velocity_cm_per_s: 1.0,
+    });
+    write_scalar(&g, "Unit length in cgs (U_L)", c.length_cm)?;
+    write_scalar(&g, "Unit mass in cgs (U_M)", c.mass_g)?;
+    write_scalar(&g, "Unit time in cgs (U_t)", c.time_s())?;
+    write_scalar(&g, "Unit current in cgs (U_I)", 1.0f64)?;
+    write_scalar(&g, "Unit temperature in cgs (U_T)", 1.0f64)?;
+    write_string(&g, "UnitSystem", units.name())
+}
+
+/// `/Parameters`: GADGET-4 unit parameters (read by yt) plus every key of the run config
+/// and its full text.
+fn write_parameters(file: &hdf5::File, info: &SnapshotInfo) -> hdf5::Result<()> {
+    let g = file.create_group("Parameters")?;
+    if let Some(c) = info.units.cgs() {
+        write_scalar(&g, "UnitLength_in_cm", c.length_cm)?;
+        write_scalar(&g, "UnitMass_in_g", c.mass_g)?;
+        write_scalar(&g, "UnitVelocity_in_cm_per_s", c.velocity_cm_per_s)?;
+    }
+    write_scalar(
+        &g,
+        "GravityConstantInternal",
+        info.units.gravitational_constant(),
+    )?;
+    write_scalar(&g, "ComovingIntegrationOn", 0i32)?;
+    write_scalar(&g, "TimeBegin", 0.0f64)?;
+    if let Some(text) = info.settings_text {
+        write_string(&g, "leapfmm_config", text)?;
+    }
+    for (key, value) in &info.parameters {
+        let name = format!("leapfmm.{key}");
+        match value {
+            toml::Value::Float(x) => write_scalar(&g, &name, *x)?,
+            toml::Value::Integer(x) => write_scalar(&g, &name, *x)?,
+            toml::Value::Boolean(x) => write_scalar(&g, &name, i32::from(*x))?,
+            toml::Value::String(s) => write_string(&g, &name, s)?,
+            other => write_string(&g, &name, &other.to_string())?,
+        }
+    }
+    Ok(())
+}
+
+/// A snapshot read back from disk.
+#[derive(Debug, Clone)]
+pub struct SnapshotData {
+    /// The particles (acceleration/potential filled when present in the file).
+    pub particles: Particles,
+    /// `Header/Time`.
+    pub time: f64,
+    /// Code units in cgs when the file records them.
+    pub units: Option<CgsUnits>,
+    /// Files the snapshot was spread over.
+    pub files: Vec<PathBuf>,
+}
+
+/// Reads a GADGET-format HDF5 snapshot or IC file (leapfmm's own or another code's), single-
+/// or multi-file. Masses come from `Masses` or, where absent, from `Header/MassTable`.
+/// Non-finite values, gas particles and duplicate IDs are rejected.
+pub fn read_snapshot(path: &Path) -> Result<SnapshotData, SnapshotError> {
+    let first = read_one(path)?;
+    let mut files = vec![path.to_path_buf()];
+    let mut data = first.0;
+    if first.1 > 1 {
+        let siblings = multi_file_names(path, first.1).ok_or_else(|| SnapshotError::Content {
+            path: path.to_path_buf(),
+            reason: format!(
+                "the header says the snapshot is spread over {} files, but the name does not end in .0.hdf5",
+                first.1
+            ),
+        })?;
+        for sibling in siblings.into_iter().skip(1) {
+            let (part, _) = read_one(&sibling)?;
+            data.particles.extend(part.particles);
+            files.push(sibling);
+        }
+    }
+    let mut ids = data.particles.id.clone();
+    ids.sort_unstable();
+    if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+        return Err(SnapshotError::Content {
+            path: path.to_path_buf(),
+            reason: format!("particle ID {} appears more than once", w[0]),
+        });
+    }
+    data.files = files;
+    Ok(data)
+}
+
+/// `base.0.hdf5` → `base.0.hdf5 … base.(k-1).hdf5`.
+fn multi_file_names(path: &Path, count: usize) -> Option<Vec<PathBuf>> {
+    let name = path.file_name()?.to_str()?;
+    let stem = name.strip_suffix(".0.hdf5")?;
+    Some(
+        (0..count)
+            .map(|k| path.with_file_name(format!("{stem}.{k}.hdf5")))
+            .collect(),
+    )
+}
+
+fn read_one(path: &Path) -> Result<(SnapshotData, usize), SnapshotError> {
+    let err = |what: &str| {
+        let what = what.to_string();
+        move |e: hdf5::Error| SnapshotError::Hdf5 {
+            path: path.to_path_buf(),
+            what: what.clone(),
+            reason: e.to_string(),
+        }
+    };
+    let content = |reason: String| SnapshotError::Content {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if !path.is_file() {
+        return Err(content("no such file".into()));
+    }
+    let file = hdf5::File::open(path).map_err(err("opening as HDF5"))?;
+    let header = file
+        .group("Header")
+        .map_err(|_| content("no /Header group: not a GADGET-format HDF5 file".into()))?;
+    let counts = read_u64_array(&header, "NumPart_ThisFile")
+        .map_err(err("reading Header/NumPart_ThisFile"))?;
+    let mass_table = read_f64_array(&header, "MassTable").unwrap_or_else(|_| vec![0.0; PART_TYPES]);
+    let time = read_f64(&header, "Time").unwrap_or(0.0);
+    let num_files = read_f64(&header, "NumFilesPerSnapshot")
+        .unwrap_or(1.0)
+        .max(1.0) as usize;
+    if counts.first().copied().unwrap_or(0) > 0 {
+        return Err(content(format!(
+            "the file holds {} gas particles (PartType0); leapfmm is collisionless and cannot evolve gas",
+            counts[0]
+        )));
+    }
+    let mut particles = Particles::default();
+    for (pt, &count) in counts.iter().enumerate().take(PART_TYPES).skip(1) {
+        if count == 0 {
+            continue;
+        }
+        let n = count as usize;
+        let component = Component::from_part_type(pt).unwrap_or(Component::Generic);
+        let group = format!("PartType{pt}");
+        let g = file.group(&group).map_err(|_| {
+            content(format!(
+                "Header says {n} particles of {group}, but the group is missing"
+            ))
+        })?;
+        let read3 = |name: &str| -> Result<Vec<[f64; 3]>, SnapshotError> {
+            let ds = g
+                .dataset(name)
+                .map_err(err(&format!("reading {group}/{name}")))?;
+            let raw = ds
+                .read_raw::<f64>()
+                .map_err(err(&format!("reading {group}/{name}")))?;
+            if raw.len() != 3 * n {
+                return Err(content(format!(
+                    "{group}/{name} has {} values, expected {} for {n} particles",
+                    raw.len(),
+                    3 * n
+                )));
+            }
+            let v: Vec<[f64; 3]> = raw.chunks_exact(3).map(|c| [c[0], c[1], c[2]]).collect();
+            check_finite3(&v, &group, name).map_err(&content)?;
+            Ok(v)
+        };
+        let pos = read3("Coordinates")?;
+        let vel = read3("Velocities")?;
+        let ids = g
+            .dataset("ParticleIDs")
+            .and_then(|d| d.read_raw::<u64>())
+            .map_err(err(&format!("reading {group}/ParticleIDs")))?;
+        if ids.len() != n {
+            return Err(content(format!(
+                "{group}/ParticleIDs has {} entries, expected {n}",
+                ids.len()
+            )));
+        }
+        let masses = if g.link_exists("Masses") {
+            let m = g
+                .dataset("Masses")
+                .and_then(|d| d.read_raw::<f64>())
+                .map_err(err(&format!("reading {group}/Masses")))?;
+            if m.len() != n {
+                return Err(content(format!(
+                    "{group}/Masses has {} entries, expected {n}",
+                    m.len()
+                )));
+            }
+            m
+        } else {
+            let m = mass_table.get(pt).copied().unwrap_or(0.0);
+            if m <= 0.0 {
+                return Err(content(format!(
+                    "{group} has no Masses dataset and Header/MassTable[{pt}] is {m}; give particle masses one way or the other"
+                )));
+            }
+            vec![m; n]
+        };
+        if let Some((i, m)) = masses
+            .iter()
+            .enumerate()
+            .find(|(_, m)| !(m.is_finite() && **m > 0.0))
+        {
+            return Err(content(format!(
+                "{group}/Masses[{i}] = {m}: masses must be positive and finite"
+            )));
+        }
+        for i in 0..n {
+            particles.push(pos[i], vel[i], masses[i], ids[i], component);
+        }
+    }
+    let units = read_units(&file);
+    Ok((
+        SnapshotData {
+            particles,
+            time,
+            units,
+            files: Vec::new(),
+        },
+        num_files,
+    ))
+}
+
+/// The first non-finite component of a vector dataset, as a message naming it.
+fn check_finite3(v: &[[f64; 3]], group: &str, name: &str) -> Result<(), String> {
+    for (i, x) in v.iter().enumerate() {
+        if let Some(bad) = x.iter().find(|c| !c.is_finite()) {
+            return Err(format!(
+                "{group}/{name}[{i}] contains {bad}; every value must be finite"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Code units recorded in a file: SWIFT `/Units` or GADGET `/Parameters` (or `/Header`).
+fn read_units(file: &hdf5::File) -> Option<CgsUnits> {
+    if let Ok(g) = file.group("Units") {
+        if let Ok(name) = read_string(&g, "UnitSystem")
+            && name == "nbody"
+        {
+            return None;
+        }
+        let l = read_f64(&g, "Unit length in cgs (U_L)").ok()?;
+        let m = read_f64(&g, "Unit mass in cgs (U_M)").ok()?;
+        let t = read_f64(&g, "Unit time in cgs (U_t)").ok()?;
+        return Some(CgsUnits {
+            length_cm: l,
+            mass_g: m,
+            velocity_cm_per_s: l / t,
+        });
+    }
+    for group in ["Parameters", "Header"] {
+        if let Ok(g) = file.group(group)
+            && let (Ok(l), Ok(m), Ok(v)) = (
+                read_f64(&g, "UnitLength_in_cm"),
+                read_f64(&g, "UnitMass_in_g"),
+                read_f64(&g, "UnitVelocity_in_cm_per_s"),
+            )
+        {
+            return Some(CgsUnits {
+                length_cm: l,
+                mass_g: m,
+                velocity_cm_per_s: v,
+            });
+        }
+    }
+    None
+}

@@ -1,0 +1,130 @@
+//! Progress reporting: an indicatif bar on a terminal, periodic log lines otherwise, and
+//! nothing with `--quiet`. Notes and warnings always go to stderr unless quiet.
+
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use std::io::IsTerminal;
+use std::time::{Duration, Instant};
+
+/// Seconds between log lines when stderr is not a terminal.
+const LOG_EVERY: Duration = Duration::from_secs(10);
+/// Resolution of the bar (parts of the whole run).
+const BAR_STEPS: u64 = 10_000;
+
+/// How progress is shown.
+#[derive(Debug)]
+enum Mode {
+    Quiet,
+    Bar(ProgressBar),
+    Log { last: Instant },
+}
+
+/// Reports a run's progress in simulation time.
+#[derive(Debug)]
+pub struct Progress {
+    mode: Mode,
+    label: String,
+    t_end: f64,
+    started: Instant,
+    steps_at_start: u64,
+}
+
+impl Progress {
+    /// A reporter for a run called `label` that ends at `t_end`.
+    pub fn new(label: &str, t_end: f64, quiet: bool) -> Self {
+        let mode = if quiet {
+            Mode::Quiet
+        } else if std::io::stderr().is_terminal() {
+            let bar = ProgressBar::with_draw_target(Some(BAR_STEPS), ProgressDrawTarget::stderr());
+            let style =
+                ProgressStyle::with_template("{prefix} [{bar:30}] {percent:>3}% {msg} ETA {eta}")
+                    .unwrap_or_else(|_| ProgressStyle::default_bar())
+                    .progress_chars("=> ");
+            bar.set_style(style);
+            bar.set_prefix(label.to_string());
+            Mode::Bar(bar)
+        } else {
+            Mode::Log {
+                last: Instant::now(),
+            }
+        };
+        Progress {
+            mode,
+            label: label.to_string(),
+            t_end,
+            started: Instant::now(),
+            steps_at_start: 0,
+        }
+    }
+
+    /// Marks the step count the timing starts from (non-zero when resuming).
+    pub fn start_at(&mut self, step: u64, time: f64) {
+        self.steps_at_start = step;
+        self.started = Instant::now();
+        if let Mode::Bar(bar) = &self.mode {
+            bar.set_position(self.fraction(time));
+            bar.reset_eta();
+        }
+    }
+
+    fn fraction(&self, time: f64) -> u64 {
+        ((time / self.t_end).clamp(0.0, 1.0) * BAR_STEPS as f64) as u64
+    }
+
+    /// Reports that `step` ended at simulation time `time`.
+    pub fn update(&mut self, step: u64, time: f64) {
+        let elapsed = self.started.elapsed().as_secs_f64();
+        let rate = (step - self.steps_at_start) as f64 / elapsed.max(1e-9);
+        let fraction = self.fraction(time);
+        let t_end = self.t_end;
+        match &mut self.mode {
+            Mode::Quiet => {}
+            Mode::Bar(bar) => {
+                bar.set_position(fraction);
+                bar.set_message(format!(
+                    "t = {time:.4}/{t_end} step {step} {rate:.1} steps/s"
+                ));
+            }
+            Mode::Log { last } => {
+                if last.elapsed() >= LOG_EVERY {
+                    *last = Instant::now();
+                    let done = time / t_end;
+                    let eta = if done > 0.0 {
+                        elapsed * (1.0 - done) / done
+                    } else {
+                        f64::NAN
+                    };
+                    eprintln!(
+                        "[{}] t = {time:.6}/{t_end} ({:.1}%), step {step}, {rate:.1} steps/s, ETA {eta:.0} s",
+                        self.label,
+                        100.0 * done
+                    );
+                }
+            }
+        }
+    }
+
+    /// Prints a note (unless quiet) without disturbing the bar.
+    pub fn note(&self, message: &str) {
+        match &self.mode {
+            Mode::Quiet => {}
+            Mode::Bar(bar) => bar.println(message),
+            Mode::Log { .. } => eprintln!("{message}"),
+        }
+    }
+
+    /// Prints a warning, even when quiet: the user must see it.
+    pub fn warn(&self, message: &str) {
+        let line = format!("warning: {message}");
+        match &self.mode {
+            Mode::Bar(bar) => bar.println(line),
+            _ => eprintln!("{line}"),
+        }
+    }
+
+    /// Removes the bar.
+    pub fn finish(&self) {
+        if let Mode::Bar(bar) = &self.mode {
+            bar.finish_and_clear();
+        }
+    }
+}

@@ -1,0 +1,306 @@
+//! Every bad input gives a non-zero exit and one line naming the culprit (file, key with
+//! line:column, value), and nothing already written in the run folder is touched.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+
+fn base_config() -> String {
+    plummer_config(
+        "victim",
+        64,
+        0.5,
+        0.125,
+        "",
+        "checkpoint_interval = 0.25\nkeep_checkpoints = 5",
+    )
+}
+
+/// A temporary folder holding a finished run called "victim".
+fn finished_run() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = write(dir.path(), "good.toml", &base_config());
+    let out = run_in(dir.path(), &["run", cfg.to_str().unwrap(), "--quiet"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir
+}
+
+/// Runs `leapfmm args` in `dir`, asserts a one-line error containing every `needles`
+/// entry, and that the run folder is byte-for-byte unchanged.
+fn assert_rejected(dir: &Path, args: &[&str], code: i32, needles: &[&str]) {
+    let before = tree_contents(&dir.join("runs"));
+    let out = run_in(dir, args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "exit code for {args:?}: {err}"
+    );
+    let lines: Vec<&str> = err.trim().lines().collect();
+    assert_eq!(lines.len(), 1, "exactly one line for {args:?}, got: {err}");
+    assert!(lines[0].starts_with("error:"), "{err}");
+    assert!(
+        !err.contains("panicked") && !err.contains("backtrace"),
+        "{err}"
+    );
+    for n in needles {
+        assert!(
+            err.contains(n),
+            "message for {args:?} should name {n:?}: {err}"
+        );
+    }
+    assert!(
+        before == tree_contents(&dir.join("runs")),
+        "the run folder changed after {args:?}"
+    );
+}
+
+/// Writes the base config with `from` replaced by `to` and checks it is rejected.
+fn assert_config_rejected(dir: &Path, from: &str, to: &str, needles: &[&str]) {
+    let text = base_config();
+    assert!(
+        text.contains(from),
+        "test setup: {from:?} not in the config"
+    );
+    let cfg = write(dir, "bad.toml", &text.replacen(from, to, 1));
+    let mut all = vec!["bad.toml"];
+    all.extend_from_slice(needles);
+    assert_rejected(dir, &["run", cfg.to_str().unwrap(), "--resume"], 1, &all);
+}
+
+#[test]
+fn bad_config_values_are_named_with_file_key_and_value() {
+    let run = finished_run();
+    let d = run.path();
+    // Unknown key, with line:column.
+    assert_config_rejected(
+        d,
+        "softening = 0.05",
+        "softning = 0.05",
+        &["bad.toml:12:1", "softning"],
+    );
+    // Wrong type.
+    assert_config_rejected(
+        d,
+        "softening = 0.05",
+        "softening = \"small\"",
+        &["bad.toml:12:13", "gravity.softening"],
+    );
+    // Malformed TOML.
+    assert_config_rejected(
+        d,
+        "softening = 0.05",
+        "softening = = 0.05",
+        &["bad.toml:12:"],
+    );
+    // Bad values.
+    assert_config_rejected(d, "n = 64", "n = 0", &["ics.n", "= 0", "at least 1"]);
+    assert_config_rejected(d, "n = 64", "n = -5", &["ics.n", "-5"]);
+    assert_config_rejected(
+        d,
+        "softening = 0.05",
+        "softening = -0.1",
+        &["gravity.softening", "-0.1"],
+    );
+    assert_config_rejected(
+        d,
+        "t_end = 0.5",
+        "t_end = 0.0",
+        &["integrator.t_end", "= 0"],
+    );
+    assert_config_rejected(
+        d,
+        "t_end = 0.5",
+        "t_end = -2.0",
+        &["integrator.t_end", "-2"],
+    );
+    assert_config_rejected(
+        d,
+        "dt_max = 0.125",
+        "dt_max = 0.3",
+        &["integrator.t_end", "whole multiple"],
+    );
+    assert_config_rejected(d, "name = \"victim\"", "name = \"a/b\"", &["name", "a/b"]);
+    // Missing files.
+    let model = repo("ics/plummer.toml").display().to_string();
+    assert_config_rejected(
+        d,
+        &model,
+        "no/such/model.toml",
+        &["ics.model", "no/such/model.toml", "no such file"],
+    );
+    assert_config_rejected(
+        d,
+        &format!("model = \"{model}\"\nn = 64"),
+        "file = \"missing_ic.hdf5\"",
+        &["ics.file", "missing_ic.hdf5"],
+    );
+    // An output folder that cannot be written (under a regular file; root ignores modes).
+    write(d, "plainfile", "x");
+    assert_config_rejected(
+        d,
+        "output_dir = \"runs\"",
+        "output_dir = \"plainfile/sub\"",
+        &["output_dir", "plainfile/sub"],
+    );
+    // The config itself missing.
+    assert_rejected(d, &["run", "nowhere.toml"], 1, &["nowhere.toml"]);
+}
+
+#[test]
+fn a_bad_model_file_is_named() {
+    let run = finished_run();
+    let d = run.path();
+    let model = write(
+        d,
+        "model.toml",
+        "units = \"nbody\"\n[sphere]\nprofile = \"plummer\"\nmass = -1.0\nscale_radius = 1.0\n",
+    );
+    let text = base_config().replace(
+        &repo("ics/plummer.toml").display().to_string(),
+        model.to_str().unwrap(),
+    );
+    let cfg = write(d, "bad.toml", &text);
+    assert_rejected(
+        d,
+        &["run", cfg.to_str().unwrap(), "--resume"],
+        1,
+        &["model.toml:4:8", "sphere.mass", "-1"],
+    );
+    assert_rejected(
+        d,
+        &["ics", model.to_str().unwrap(), "--n", "10", "-o", "x.hdf5"],
+        1,
+        &["sphere.mass"],
+    );
+}
+
+#[test]
+fn an_existing_run_is_never_overwritten_without_resume() {
+    let run = finished_run();
+    let cfg = run.path().join("good.toml");
+    assert_rejected(
+        run.path(),
+        &["run", cfg.to_str().unwrap()],
+        1,
+        &["already holds a run", "--resume"],
+    );
+    // With --resume a finished run is left alone.
+    let before = tree_contents(&run.path().join("runs"));
+    let out = run_in(
+        run.path(),
+        &["run", cfg.to_str().unwrap(), "--resume", "--quiet"],
+    );
+    assert!(out.status.success());
+    assert!(before == tree_contents(&run.path().join("runs")));
+    // Resuming with a changed physics key is refused by name.
+    let changed = write(
+        run.path(),
+        "changed.toml",
+        &base_config().replace("softening = 0.05", "softening = 0.06"),
+    );
+    assert_rejected(
+        run.path(),
+        &["run", changed.to_str().unwrap(), "--resume"],
+        1,
+        &["gravity.softening", "0.05", "0.06"],
+    );
+}
+
+#[test]
+fn truncated_checkpoints_fall_back_or_fail_cleanly() {
+    let run = finished_run();
+    let d = run.path();
+    let ckpt_dir = d.join("runs/victim/checkpoints");
+    let mut ckpts: Vec<_> = std::fs::read_dir(&ckpt_dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    ckpts.sort();
+    assert!(ckpts.len() >= 3, "{ckpts:?}");
+    // Truncate the newest: resuming (with a longer t_end) warns and uses the previous one.
+    let newest = ckpts.last().unwrap().clone();
+    let len = std::fs::metadata(&newest).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&newest)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+    let longer = write(
+        d,
+        "longer.toml",
+        &base_config().replace("t_end = 0.5", "t_end = 0.75"),
+    );
+    let out = run_in(d, &["run", longer.to_str().unwrap(), "--resume", "--quiet"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("warning:") && err.contains(newest.file_name().unwrap().to_str().unwrap()),
+        "{err}"
+    );
+    assert!(err.contains("truncated"), "{err}");
+
+    // Truncate every checkpoint: resuming fails with one line and touches nothing.
+    for e in std::fs::read_dir(&ckpt_dir).unwrap().flatten() {
+        let p = e.path();
+        if p.extension().is_some_and(|x| x == "ckpt") {
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&p)
+                .unwrap()
+                .set_len(20)
+                .unwrap();
+        }
+    }
+    let longest = write(
+        d,
+        "longest.toml",
+        &base_config().replace("t_end = 0.5", "t_end = 1.0"),
+    );
+    assert_rejected(
+        d,
+        &["run", longest.to_str().unwrap(), "--resume"],
+        1,
+        &["checkpoints", "no checkpoint verifies"],
+    );
+}
+
+#[test]
+fn other_subcommands_reject_bad_arguments() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("runs")).unwrap();
+    let d = dir.path();
+    let model = repo("ics/plummer.toml");
+    let m = model.to_str().unwrap();
+    // clap's usage errors exit with 2 and name the argument.
+    let out = run_in(d, &["ics", m, "--n", "0", "-o", "x.hdf5"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--n"));
+    assert_rejected(
+        d,
+        &["ics", "nomodel.toml", "--n", "10", "-o", "x.hdf5"],
+        1,
+        &["nomodel.toml"],
+    );
+    assert_rejected(
+        d,
+        &["ics", m, "--n", "10", "-o", "nodir/x.hdf5"],
+        1,
+        &["nodir"],
+    );
+    assert_rejected(
+        d,
+        &["info", "missing.hdf5"],
+        1,
+        &["missing.hdf5", "no such file"],
+    );
+    write(d, "notes.txt", "not hdf5");
+    assert_rejected(d, &["info", "notes.txt"], 1, &["notes.txt"]);
+}

@@ -1,0 +1,344 @@
+//! Snapshot files: the GADGET-4 layout of design §8 checked name by name and type by type,
+//! and runs started from GADGET-format files written by another code.
+
+mod common;
+
+use common::*;
+use hdf5::types::{FloatSize, IntSize, TypeDescriptor};
+use leapfmm::io::snapshot::read_snapshot;
+use std::path::Path;
+
+fn descriptor(t: hdf5::Result<hdf5::Datatype>) -> TypeDescriptor {
+    t.unwrap().to_descriptor().unwrap()
+}
+
+fn attr_type(loc: &hdf5::Location, name: &str) -> (TypeDescriptor, Vec<usize>) {
+    let a = loc
+        .attr(name)
+        .unwrap_or_else(|_| panic!("missing attribute {name}"));
+    (descriptor(a.dtype()), a.shape())
+}
+
+const U32: TypeDescriptor = TypeDescriptor::Unsigned(IntSize::U4);
+const U64: TypeDescriptor = TypeDescriptor::Unsigned(IntSize::U8);
+const I32: TypeDescriptor = TypeDescriptor::Integer(IntSize::U4);
+const F32: TypeDescriptor = TypeDescriptor::Float(FloatSize::U4);
+const F64: TypeDescriptor = TypeDescriptor::Float(FloatSize::U8);
+
+#[test]
+fn written_snapshot_has_the_gadget4_layout() {
+    let _hdf5 = hdf5_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = format!(
+        r#"name = "layout"
+units = "galactic"
+[ics]
+model = "{}"
+n = 300
+[gravity]
+softening = 0.1
+[integrator]
+t_end = 0.01
+dt_max = 0.01
+[output]
+snapshot_potential = true
+snapshot_acceleration = true
+"#,
+        repo("ics/dwarf_spheroid.toml").display()
+    );
+    let cfg = write(dir.path(), "run.toml", &cfg);
+    let out = run_in(dir.path(), &["run", cfg.to_str().unwrap(), "--quiet"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let path = dir.path().join("runs/layout/snapshots/snap_001.hdf5");
+    let f = hdf5::File::open(&path).unwrap();
+
+    let h = f.group("Header").unwrap();
+    for name in [
+        "NumPart_ThisFile",
+        "NumPart_Total",
+        "NumPart_Total_HighWord",
+    ] {
+        assert_eq!(attr_type(&h, name), (U32, vec![6]), "{name}");
+    }
+    assert_eq!(attr_type(&h, "MassTable"), (F64, vec![6]));
+    for name in [
+        "Time",
+        "Redshift",
+        "BoxSize",
+        "Omega0",
+        "OmegaLambda",
+        "HubbleParam",
+    ] {
+        assert_eq!(attr_type(&h, name), (F64, vec![]), "{name}");
+    }
+    for name in [
+        "NumFilesPerSnapshot",
+        "Flag_Sfr",
+        "Flag_Cooling",
+        "Flag_StellarAge",
+        "Flag_Metals",
+        "Flag_Feedback",
+        "Flag_DoublePrecision",
+    ] {
+        assert_eq!(attr_type(&h, name), (I32, vec![]), "{name}");
+    }
+    let counts = h
+        .attr("NumPart_ThisFile")
+        .unwrap()
+        .read_raw::<u32>()
+        .unwrap();
+    assert_eq!(counts, vec![0, 0, 0, 0, 300, 0]);
+    assert_eq!(h.attr("Time").unwrap().read_scalar::<f64>().unwrap(), 0.01);
+    assert_eq!(
+        h.attr("NumFilesPerSnapshot")
+            .unwrap()
+            .read_scalar::<i32>()
+            .unwrap(),
+        1
+    );
+
+    let g = f.group("PartType4").unwrap();
+    let datasets = [
+        ("Coordinates", F32, vec![300, 3]),
+        ("Velocities", F32, vec![300, 3]),
+        ("Acceleration", F32, vec![300, 3]),
+        ("ParticleIDs", U64, vec![300]),
+        ("Masses", F64, vec![300]),
+        ("Potential", F32, vec![300]),
+    ];
+    for (name, t, shape) in datasets {
+        let ds = g.dataset(name).unwrap_or_else(|_| panic!("missing {name}"));
+        assert_eq!((descriptor(ds.dtype()), ds.shape()), (t, shape), "{name}");
+    }
+    let ids = g.dataset("ParticleIDs").unwrap().read_raw::<u64>().unwrap();
+    assert!(
+        ids.windows(2).all(|w| w[0] < w[1]),
+        "IDs sorted within the type"
+    );
+
+    let u = f.group("Units").unwrap();
+    for name in [
+        "Unit length in cgs (U_L)",
+        "Unit mass in cgs (U_M)",
+        "Unit time in cgs (U_t)",
+        "Unit current in cgs (U_I)",
+        "Unit temperature in cgs (U_T)",
+    ] {
+        assert_eq!(attr_type(&u, name), (F64, vec![]), "{name}");
+    }
+    let kpc = u
+        .attr("Unit length in cgs (U_L)")
+        .unwrap()
+        .read_scalar::<f64>()
+        .unwrap();
+    assert!((kpc / 3.0857e21 - 1.0).abs() < 1e-4);
+    let p = f.group("Parameters").unwrap();
+    for name in [
+        "UnitLength_in_cm",
+        "UnitMass_in_g",
+        "UnitVelocity_in_cm_per_s",
+        "GravityConstantInternal",
+    ] {
+        assert_eq!(attr_type(&p, name), (F64, vec![]), "{name}");
+    }
+    assert_eq!(
+        attr_type(&p, "leapfmm_config").0,
+        TypeDescriptor::VarLenUnicode
+    );
+    assert_eq!(attr_type(&p, "leapfmm.gravity.softening"), (F64, vec![]));
+
+    // Round trip through the reader.
+    let back = read_snapshot(&path).unwrap();
+    assert_eq!(back.particles.len(), 300);
+    assert_eq!(back.time, 0.01);
+}
+
+/// Writes a GADGET-2-style IC file the way other codes do: i32 counts, u32 IDs, f32
+/// coordinates, PartType1 masses in MassTable only, and the given unit length.
+fn write_foreign_ic(path: &Path, length_cm: f64, poison: Option<f32>) {
+    let f = hdf5::File::create(path).unwrap();
+    let h = f.create_group("Header").unwrap();
+    let counts = [0i32, 200, 100, 0, 0, 0];
+    for name in ["NumPart_ThisFile", "NumPart_Total"] {
+        h.new_attr::<i32>()
+            .shape(6)
+            .create(name)
+            .unwrap()
+            .write_raw(&counts)
+            .unwrap();
+    }
+    h.new_attr::<f64>()
+        .shape(6)
+        .create("MassTable")
+        .unwrap()
+        .write_raw(&[0.0, 0.005, 0.0, 0.0, 0.0, 0.0])
+        .unwrap();
+    h.new_attr::<f64>()
+        .create("Time")
+        .unwrap()
+        .write_scalar(&0.0)
+        .unwrap();
+    h.new_attr::<i32>()
+        .create("NumFilesPerSnapshot")
+        .unwrap()
+        .write_scalar(&1)
+        .unwrap();
+    let par = f.create_group("Parameters").unwrap();
+    for (name, v) in [
+        ("UnitLength_in_cm", length_cm),
+        ("UnitMass_in_g", 1.989e43),
+        ("UnitVelocity_in_cm_per_s", 1e5),
+    ] {
+        par.new_attr::<f64>()
+            .create(name)
+            .unwrap()
+            .write_scalar(&v)
+            .unwrap();
+    }
+    let mut s = 99u64;
+    let mut rnd = move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        ((s >> 11) as f64 / (1u64 << 53) as f64 - 0.5) as f32
+    };
+    for (pt, n, first_id) in [(1usize, 200usize, 1000u32), (2, 100, 5000)] {
+        let g = f.create_group(&format!("PartType{pt}")).unwrap();
+        let mut pos: Vec<f32> = (0..3 * n).map(|_| 20.0 * rnd()).collect();
+        if pt == 2
+            && let Some(bad) = poison
+        {
+            pos[3 * 17 + 1] = bad;
+        }
+        let vel: Vec<f32> = (0..3 * n).map(|_| 50.0 * rnd()).collect();
+        let ids: Vec<u32> = (0..n as u32).map(|i| first_id + i).collect();
+        g.new_dataset::<f32>()
+            .shape((n, 3))
+            .create("Coordinates")
+            .unwrap()
+            .write_raw(&pos)
+            .unwrap();
+        g.new_dataset::<f32>()
+            .shape((n, 3))
+            .create("Velocities")
+            .unwrap()
+            .write_raw(&vel)
+            .unwrap();
+        g.new_dataset::<u32>()
+            .shape(n)
+            .create("ParticleIDs")
+            .unwrap()
+            .write_raw(&ids)
+            .unwrap();
+        if pt == 2 {
+            g.new_dataset::<f32>()
+                .shape(n)
+                .create("Masses")
+                .unwrap()
+                .write_raw(&vec![0.002f32; n])
+                .unwrap();
+        }
+    }
+    f.close().unwrap();
+}
+
+fn file_run_config(dir: &Path, ic: &Path) -> std::path::PathBuf {
+    let cfg = format!(
+        r#"name = "foreign"
+units = "galactic"
+[ics]
+file = "{}"
+[gravity]
+softening = 0.2
+[integrator]
+t_end = 0.004
+dt_max = 0.002
+"#,
+        ic.display()
+    );
+    write(dir, "run.toml", &cfg)
+}
+
+#[test]
+fn a_run_starts_from_another_codes_gadget_file() {
+    let _hdf5 = hdf5_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let ic = dir.path().join("foreign_ic.hdf5");
+    write_foreign_ic(&ic, 3.085678e21, None);
+    let cfg = file_run_config(dir.path(), &ic);
+    let out = run_in(dir.path(), &["run", cfg.to_str().unwrap(), "--quiet"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let snap = read_snapshot(&dir.path().join("runs/foreign/snapshots/snap_000.hdf5")).unwrap();
+    let p = &snap.particles;
+    assert_eq!(p.len(), 300);
+    let halo = p.indices_of(leapfmm::particles::Component::Halo);
+    let disk = p.indices_of(leapfmm::particles::Component::Disk);
+    assert_eq!((halo.len(), disk.len()), (200, 100));
+    assert!(halo.iter().all(|&i| p.mass[i] == 0.005), "MassTable masses");
+    assert!(
+        disk.iter().all(|&i| (p.mass[i] - 0.002).abs() < 1e-9),
+        "Masses dataset"
+    );
+    assert_eq!(halo.iter().map(|&i| p.id[i]).min(), Some(1000));
+    let info = run_in(dir.path(), &["info", ic.to_str().unwrap()]);
+    assert!(info.status.success());
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(text.contains("halo (PartType1): 200 particles"), "{text}");
+}
+
+#[test]
+fn foreign_units_are_converted_to_the_runs() {
+    let _hdf5 = hdf5_lock();
+    let dir = tempfile::tempdir().unwrap();
+    let ic = dir.path().join("mpc_ic.hdf5");
+    write_foreign_ic(&ic, 3.085678e24, None); // lengths in Mpc
+    let original = read_snapshot(&ic).unwrap();
+    let cfg = file_run_config(dir.path(), &ic);
+    let out = run_in(dir.path(), &["run", cfg.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("converting from the file's units"));
+    let snap = read_snapshot(&dir.path().join("runs/foreign/snapshots/snap_000.hdf5")).unwrap();
+    let extent =
+        |p: &leapfmm::particles::Particles| p.pos.iter().map(|x| x[0].abs()).fold(0.0, f64::max);
+    let ratio = extent(&snap.particles) / extent(&original.particles);
+    assert!(
+        (ratio / 1000.0 - 1.0).abs() < 1e-3,
+        "Mpc -> kpc scaling {ratio}"
+    );
+}
+
+#[test]
+fn non_finite_values_in_an_ic_file_are_rejected_by_name() {
+    let _hdf5 = hdf5_lock();
+    for bad in [f32::NAN, f32::INFINITY] {
+        let dir = tempfile::tempdir().unwrap();
+        let ic = dir.path().join("bad_ic.hdf5");
+        write_foreign_ic(&ic, 3.085678e21, Some(bad));
+        let cfg = file_run_config(dir.path(), &ic);
+        let out = run_in(dir.path(), &["run", cfg.to_str().unwrap(), "--quiet"]);
+        assert_eq!(out.status.code(), Some(1));
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(err.trim().lines().count(), 1, "one line: {err}");
+        assert!(
+            err.contains("bad_ic.hdf5") && err.contains("PartType2/Coordinates[17]"),
+            "{err}"
+        );
+        assert!(
+            !dir.path()
+                .join("runs/foreign/snapshots/snap_000.hdf5")
+                .exists()
+        );
+    }
+}
