@@ -4,6 +4,8 @@
 //! (with line:column where the text can be located) and the offending value. Relative paths
 //! inside a config are taken from the current working directory, as in GADGET and SWIFT.
 
+use crate::fmm::expansion::MAX_ORDER;
+use crate::fmm::p2p::NearFieldPrecision;
 use crate::gravity::{Softening, SofteningKernel};
 use crate::ics::ModelFile;
 use crate::units::UnitSystem;
@@ -262,8 +264,10 @@ pub struct IcsConfig {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum SolverKind {
-    /// Direct summation, O(N^2), f64: the reference.
+    /// The fast multipole method.
     #[default]
+    Fmm,
+    /// Direct summation, O(N^2), f64: the reference.
     Direct,
 }
 
@@ -279,6 +283,43 @@ pub struct GravityConfig {
     /// Softening kernel.
     #[serde(default)]
     pub kernel: SofteningKernel,
+    /// FMM expansion order.
+    #[serde(default = "default_order")]
+    pub order: i64,
+    /// FMM opening angle parameter.
+    #[serde(default = "default_theta")]
+    pub theta: f64,
+    /// Most particles in an FMM leaf.
+    #[serde(default = "default_leaf_size")]
+    pub leaf_size: i64,
+    /// Precision of the FMM near field.
+    #[serde(default)]
+    pub near_field: NearFieldPrecision,
+    /// Caps presets file; default `output_dir/caps_presets.json`.
+    pub caps_presets: Option<PathBuf>,
+    /// Factor an overflowed buffer capacity grows by.
+    #[serde(default = "default_cap_growth")]
+    pub cap_growth: f64,
+}
+
+/// Default FMM expansion order (see docs/config.md for why not 4).
+pub const DEFAULT_ORDER: usize = 7;
+/// Default FMM opening angle parameter.
+pub const DEFAULT_THETA: f64 = 0.75;
+/// Default FMM leaf size.
+pub const DEFAULT_LEAF_SIZE: usize = 128;
+
+fn default_order() -> i64 {
+    DEFAULT_ORDER as i64
+}
+fn default_theta() -> f64 {
+    DEFAULT_THETA
+}
+fn default_leaf_size() -> i64 {
+    DEFAULT_LEAF_SIZE as i64
+}
+fn default_cap_growth() -> f64 {
+    2.0
 }
 
 impl GravityConfig {
@@ -549,6 +590,34 @@ fn validate_gravity(s: &SourceText, g: &GravityConfig) -> Result<(), ConfigError
             "gravity.softening",
             g.softening,
             "the softening length must be a finite number >= 0",
+        ));
+    }
+    if !(1..=MAX_ORDER as i64).contains(&g.order) {
+        return Err(s.invalid(
+            "gravity.order",
+            g.order,
+            format!("the expansion order must be between 1 and {MAX_ORDER}"),
+        ));
+    }
+    if !(g.theta.is_finite() && g.theta > 0.0 && g.theta < 1.0) {
+        return Err(s.invalid(
+            "gravity.theta",
+            g.theta,
+            "the opening angle parameter must lie strictly between 0 and 1",
+        ));
+    }
+    if !(1..=65_536).contains(&g.leaf_size) {
+        return Err(s.invalid(
+            "gravity.leaf_size",
+            g.leaf_size,
+            "the leaf size must be between 1 and 65536",
+        ));
+    }
+    if !(g.cap_growth.is_finite() && (1.1..=16.0).contains(&g.cap_growth)) {
+        return Err(s.invalid(
+            "gravity.cap_growth",
+            g.cap_growth,
+            "the growth factor must be between 1.1 and 16",
         ));
     }
     Ok(())

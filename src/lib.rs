@@ -1,6 +1,12 @@
 //! leapfmm: a GPU-native N-body time integrator for galaxy dynamics.
 
+// Numerical kernels index several parallel arrays (lanes, coefficients, axes) with one loop
+// variable; iterator rewrites of those loops hide the structure the vectoriser relies on.
+#![allow(clippy::needless_range_loop)]
+
+pub mod bench;
 pub mod config;
+pub mod fmm;
 pub mod gravity;
 pub mod ics;
 pub mod integrate;

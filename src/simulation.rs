@@ -8,7 +8,10 @@ use crate::config::{
     ConfigError, IcSource, RunConfig, RunSpec, SolverKind, flatten, resume_conflicts,
     whole_multiple,
 };
-use crate::gravity::{DirectSummation, GravityError, GravitySolver};
+use crate::fmm::caps::{Caps, CapsPolicy};
+use crate::fmm::presets::PresetsStore;
+use crate::fmm::{FmmSettings, FmmSolver};
+use crate::gravity::{DirectSummation, GravityError, GravitySolver, SolverStat};
 use crate::ics;
 use crate::integrate::diagnostics::{Conserved, DiagnosticsLog, PhaseTimes, Row};
 use crate::integrate::leapfrog::{drift, kick, max_acceleration};
@@ -128,6 +131,8 @@ pub struct Checkpoint {
     pub state: RunState,
     /// Particle state (f64), including the accelerations of the last force evaluation.
     pub particles: Particles,
+    /// The force solver's buffer capacities, so a resumed run needs no retries.
+    pub caps: Option<Caps>,
 }
 
 /// Folder of the snapshots of a run.
@@ -148,8 +153,28 @@ pub fn snapshot_path(run_dir: &Path, index: u32) -> PathBuf {
 /// The force solver a config asks for.
 pub fn make_solver(config: &RunConfig) -> Box<dyn GravitySolver> {
     let g = config.units.gravitational_constant();
-    match config.gravity.solver {
-        SolverKind::Direct => Box::new(DirectSummation::new(g, config.gravity.softening())),
+    let gravity = &config.gravity;
+    match gravity.solver {
+        SolverKind::Direct => Box::new(DirectSummation::new(g, gravity.softening())),
+        SolverKind::Fmm => {
+            let settings = FmmSettings {
+                order: gravity.order as usize,
+                theta: gravity.theta,
+                leaf_size: gravity.leaf_size as usize,
+                softening: gravity.softening(),
+                g,
+                near_field: gravity.near_field,
+                caps_policy: CapsPolicy {
+                    growth: gravity.cap_growth,
+                    ..CapsPolicy::default()
+                },
+            };
+            let presets = gravity
+                .caps_presets
+                .clone()
+                .unwrap_or_else(|| config.output_dir.join("caps_presets.json"));
+            Box::new(FmmSolver::new(settings, Some(PresetsStore::new(presets))))
+        }
     }
 }
 
@@ -237,6 +262,8 @@ struct Simulation<'a> {
     progress: Progress,
     wall: PhaseTimes,
     interactions: u64,
+    /// Solver figures since the last diagnostics row.
+    solver_stats: Vec<SolverStat>,
 }
 
 impl<'a> Simulation<'a> {
@@ -266,7 +293,8 @@ impl<'a> Simulation<'a> {
         for dir in [run_dir.clone(), snapshot_dir(run_dir), ckpt_dir.clone()] {
             std::fs::create_dir_all(&dir).map_err(io_err(&dir, "creating the run folder"))?;
         }
-        let solver = make_solver(c);
+        let mut solver = make_solver(c);
+        let stat_names = solver.stat_names();
 
         let resumed = if options.resume && !existing.is_empty() {
             let found = checkpoint::newest_valid::<Checkpoint>(&ckpt_dir)?.ok_or_else(|| {
@@ -305,13 +333,16 @@ impl<'a> Simulation<'a> {
         let log_path = run_dir.join("diagnostics.csv");
         let (particles, state, log, fresh) = match resumed {
             Some(ckpt) => {
-                let log = DiagnosticsLog::resume(&log_path, ckpt.state.step)
+                let log = DiagnosticsLog::resume(&log_path, ckpt.state.step, &stat_names)
                     .map_err(io_err(&log_path, "reopening the diagnostics log"))?;
+                if let Some(caps) = ckpt.caps {
+                    solver.set_caps(caps);
+                }
                 (ckpt.particles, ckpt.state, log, false)
             }
             None => {
                 let particles = initial_particles(spec, &progress)?;
-                let log = DiagnosticsLog::create(&log_path)
+                let log = DiagnosticsLog::create(&log_path, &stat_names)
                     .map_err(io_err(&log_path, "creating the diagnostics log"))?;
                 let state = RunState {
                     ti: 0,
@@ -338,6 +369,7 @@ impl<'a> Simulation<'a> {
             progress,
             wall: PhaseTimes::default(),
             interactions: 0,
+            solver_stats: Vec::new(),
         };
         if fresh {
             sim.start()?;
@@ -375,6 +407,23 @@ impl<'a> Simulation<'a> {
         let start = Instant::now();
         let report = self.solver.compute(&mut self.particles)?;
         self.interactions += report.pair_interactions;
+        if self.solver_stats.len() != report.stats.len() {
+            self.solver_stats = report
+                .stats
+                .iter()
+                .map(|s| SolverStat { value: 0.0, ..*s })
+                .collect();
+        }
+        for (acc, stat) in self.solver_stats.iter_mut().zip(&report.stats) {
+            acc.value = if stat.summed {
+                acc.value + stat.value
+            } else {
+                stat.value
+            };
+        }
+        for w in self.solver.take_warnings() {
+            self.progress.warn(&w);
+        }
         self.wall.force += start.elapsed().as_secs_f64();
         Ok(())
     }
@@ -460,6 +509,7 @@ impl<'a> Simulation<'a> {
         let start = Instant::now();
         let conserved = Conserved::measure(&self.particles);
         self.wall.diagnostics += start.elapsed().as_secs_f64();
+        let values: Vec<f64> = self.solver_stats.iter().map(|s| s.value).collect();
         let row = Row {
             step: self.state.step,
             time: self.timeline.time(self.state.ti),
@@ -468,6 +518,7 @@ impl<'a> Simulation<'a> {
             energy0: self.state.energy0,
             interactions: self.interactions,
             wall: self.wall,
+            solver: &values,
         };
         let path = self.log.path().to_path_buf();
         self.log
@@ -475,6 +526,9 @@ impl<'a> Simulation<'a> {
             .map_err(io_err(&path, "writing diagnostics"))?;
         self.wall = PhaseTimes::default();
         self.interactions = 0;
+        for stat in self.solver_stats.iter_mut().filter(|s| s.summed) {
+            stat.value = 0.0;
+        }
         Ok(())
     }
 
@@ -504,6 +558,7 @@ impl<'a> Simulation<'a> {
             config_text: self.spec.source.text.clone(),
             state: self.state.clone(),
             particles: self.particles.clone(),
+            caps: self.solver.caps(),
         };
         let keep = self.spec.config.output.keep_checkpoints.max(1) as usize;
         let path = checkpoint::write(

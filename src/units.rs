@@ -72,10 +72,29 @@ pub struct CgsUnits {
     pub velocity_cm_per_s: f64,
 }
 
+/// Newton's constant in cgs (CODATA 2018).
+const G_CGS: f64 = 6.674_30e-8;
+
 impl CgsUnits {
     /// One code time unit in s.
     pub fn time_s(&self) -> f64 {
         self.length_cm / self.velocity_cm_per_s
+    }
+
+    /// G in these units; the galactic system's conventional value when they are (to 0.1%)
+    /// galactic units, so that files agree with runs.
+    pub fn gravitational_constant(&self) -> f64 {
+        let galactic = UnitSystem::Galactic.cgs().map(|g| {
+            [
+                self.length_cm / g.length_cm,
+                self.mass_g / g.mass_g,
+                self.velocity_cm_per_s / g.velocity_cm_per_s,
+            ]
+        });
+        if galactic.is_some_and(|r| r.iter().all(|x| (x - 1.0).abs() < 1e-3)) {
+            return UnitSystem::Galactic.gravitational_constant();
+        }
+        G_CGS * self.mass_g * self.time_s().powi(2) / self.length_cm.powi(3)
     }
 }
 
@@ -86,8 +105,7 @@ mod tests {
     #[test]
     fn galactic_g_matches_cgs_factors() {
         let c = UnitSystem::Galactic.cgs().unwrap();
-        let g_cgs = 6.674_30e-8;
-        let g_code = g_cgs * c.mass_g * c.time_s().powi(2) / c.length_cm.powi(3);
+        let g_code = G_CGS * c.mass_g * c.time_s().powi(2) / c.length_cm.powi(3);
         let g = UnitSystem::Galactic.gravitational_constant();
         assert!(
             (g_code / g - 1.0).abs() < 2e-4,

@@ -1,5 +1,7 @@
 //! Argument parsing and dispatch; one file per subcommand.
 
+mod bench;
+mod forces;
 mod ics;
 mod info;
 mod run;
@@ -23,6 +25,10 @@ enum Command {
     Ics(ics::IcsArgs),
     /// Summarise a snapshot, IC or checkpoint file.
     Info(info::InfoArgs),
+    /// FMM accelerations and potentials of a snapshot, optionally checked against direct summation.
+    Forces(forces::ForcesArgs),
+    /// Force-solver benchmarks: cost and accuracy by size, and an accuracy–cost scan.
+    Bench(bench::BenchArgs),
 }
 
 /// Parses the arguments, runs the subcommand, and turns its result into an exit code:
@@ -33,6 +39,8 @@ pub fn main() -> ExitCode {
         Command::Run(args) => run::execute(args),
         Command::Ics(args) => ics::execute(args).map(|()| ExitCode::SUCCESS),
         Command::Info(args) => info::execute(args).map(|()| ExitCode::SUCCESS),
+        Command::Forces(args) => forces::execute(args).map(|()| ExitCode::SUCCESS),
+        Command::Bench(args) => bench::execute(args).map(|()| ExitCode::SUCCESS),
     };
     match result {
         Ok(code) => code,

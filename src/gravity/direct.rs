@@ -2,212 +2,51 @@
 //!
 //! This is the reference solver (design §5): the FMM's accuracy is measured against it, so it
 //! must be exact to f64 rounding, deterministic, and fast enough to check 1e5-particle sets.
-//! The inner loop runs over sources in fixed-width lanes with one accumulator per lane, so the
-//! compiler vectorises it and the addition order — hence every bit of the result — is the same
-//! for the scalar, AVX2 and AVX-512 builds of the loop and for any thread count.
+//! It runs the shared pair kernel (`pairwise`) with all sources in one segment.
 
-use super::softening::{Softening, SofteningKernel, plummer_factors, spline_factors};
+use super::pairwise::{
+    KernelFn, LANES_F64, PairParams, Staged, TARGET_BLOCK, evaluate_targets, select_f64,
+};
+use super::softening::Softening;
 use super::{ForceReport, GravityError, GravitySolver, check_finite};
 use crate::particles::Particles;
 use rayon::prelude::*;
 use std::time::Instant;
 
-/// Source lanes processed together (one AVX-512 register of f64).
-const LANES: usize = 8;
-/// Targets evaluated together against each loaded source chunk.
-const TARGET_BLOCK: usize = 4;
 /// Targets per parallel task.
 const TASK_TARGETS: usize = 64;
 
-/// Sources in structure-of-arrays form, padded with massless particles to whole lanes.
+/// All sources of a direct evaluation, staged once.
 #[derive(Debug, Clone, Default)]
 pub struct SourceSet {
-    x: Vec<[f64; LANES]>,
-    y: Vec<[f64; LANES]>,
-    z: Vec<[f64; LANES]>,
-    m: Vec<[f64; LANES]>,
+    staged: Staged<f64, LANES_F64>,
 }
 
 impl SourceSet {
-    /// Builds the padded source arrays from positions and masses.
+    /// Stages the sources at `pos` with `mass`.
     pub fn new(pos: &[[f64; 3]], mass: &[f64]) -> Self {
-        let chunks = pos.len().div_ceil(LANES);
-        let mut set = SourceSet {
-            x: vec![[0.0; LANES]; chunks],
-            y: vec![[0.0; LANES]; chunks],
-            z: vec![[0.0; LANES]; chunks],
-            m: vec![[0.0; LANES]; chunks],
-        };
-        for (i, (p, &m)) in pos.iter().zip(mass).enumerate() {
-            let (c, l) = (i / LANES, i % LANES);
-            set.x[c][l] = p[0];
-            set.y[c][l] = p[1];
-            set.z[c][l] = p[2];
-            set.m[c][l] = m;
-        }
-        set
+        let mut staged = Staged::default();
+        staged.push(pos, mass, [0.0; 3]);
+        SourceSet { staged }
     }
-}
-
-/// Pair kernel parameters, precomputed once per evaluation.
-#[derive(Debug, Clone, Copy)]
-struct KernelParams {
-    kernel: SofteningKernel,
-    eps2: f64,
-    spline_h: f64,
-}
-
-/// Sums of `m f(r) dx` and `m p(r)` over all sources for `TARGET_BLOCK` targets.
-type BlockSums = [[f64; 4]; TARGET_BLOCK];
-
-/// Signature of the (possibly target-feature-specialised) block kernel.
-type BlockKernel = unsafe fn(&SourceSet, &[[f64; 3]; TARGET_BLOCK], KernelParams) -> BlockSums;
-
-/// The portable kernel body; inlined into each target-feature wrapper below.
-#[inline(always)]
-fn block_sums(
-    src: &SourceSet,
-    targets: &[[f64; 3]; TARGET_BLOCK],
-    params: KernelParams,
-) -> BlockSums {
-    match params.kernel {
-        SofteningKernel::Plummer => {
-            let eps2 = params.eps2;
-            block_sums_with(src, targets, |r2| plummer_factors(r2, eps2))
-        }
-        SofteningKernel::Spline => {
-            let h = params.spline_h;
-            if h > 0.0 {
-                block_sums_with(src, targets, |r2| spline_factors(r2, h))
-            } else {
-                block_sums_with(src, targets, |r2| plummer_factors(r2, 0.0))
-            }
-        }
-    }
-}
-
-#[inline(always)]
-fn block_sums_with<K: Fn(f64) -> (f64, f64)>(
-    src: &SourceSet,
-    targets: &[[f64; 3]; TARGET_BLOCK],
-    factors: K,
-) -> BlockSums {
-    let mut ax = [[0.0f64; LANES]; TARGET_BLOCK];
-    let mut ay = [[0.0f64; LANES]; TARGET_BLOCK];
-    let mut az = [[0.0f64; LANES]; TARGET_BLOCK];
-    let mut ph = [[0.0f64; LANES]; TARGET_BLOCK];
-    for c in 0..src.x.len() {
-        let (xs, ys, zs, ms) = (&src.x[c], &src.y[c], &src.z[c], &src.m[c]);
-        for t in 0..TARGET_BLOCK {
-            let [tx, ty, tz] = targets[t];
-            for l in 0..LANES {
-                let dx = xs[l] - tx;
-                let dy = ys[l] - ty;
-                let dz = zs[l] - tz;
-                let r2 = dx * dx + dy * dy + dz * dz;
-                let (f, p) = factors(r2);
-                // Zero separation is the particle itself (or an exact duplicate): excluded.
-                let mf = if r2 > 0.0 { ms[l] * f } else { 0.0 };
-                let mp = if r2 > 0.0 { ms[l] * p } else { 0.0 };
-                ax[t][l] += dx * mf;
-                ay[t][l] += dy * mf;
-                az[t][l] += dz * mf;
-                ph[t][l] += mp;
-            }
-        }
-    }
-    let mut out = [[0.0; 4]; TARGET_BLOCK];
-    for t in 0..TARGET_BLOCK {
-        for l in 0..LANES {
-            out[t][0] += ax[t][l];
-            out[t][1] += ay[t][l];
-            out[t][2] += az[t][l];
-            out[t][3] += ph[t][l];
-        }
-    }
-    out
-}
-
-/// Defines an entry point that compiles `block_sums` with the given target features.
-macro_rules! block_kernel {
-    ($(#[$cfg:meta])* $name:ident, $features:literal, $doc:literal) => {
-        #[doc = $doc]
-        ///
-        /// # Safety
-        /// The CPU must support the enabled features (`select_kernel` checks).
-        $(#[$cfg])*
-        #[target_feature(enable = $features)]
-        unsafe fn $name(
-            src: &SourceSet,
-            targets: &[[f64; 3]; TARGET_BLOCK],
-            params: KernelParams,
-        ) -> BlockSums {
-            block_sums(src, targets, params)
-        }
-    };
-}
-
-/// The kernel for any CPU.
-///
-/// # Safety
-/// None required; `unsafe` only to share the signature of the specialised kernels.
-unsafe fn block_sums_portable(
-    src: &SourceSet,
-    targets: &[[f64; 3]; TARGET_BLOCK],
-    params: KernelParams,
-) -> BlockSums {
-    block_sums(src, targets, params)
-}
-
-block_kernel!(
-    #[cfg(target_arch = "x86_64")]
-    block_sums_avx2,
-    "avx2,fma",
-    "The kernel for AVX2 CPUs."
-);
-block_kernel!(
-    #[cfg(target_arch = "x86_64")]
-    block_sums_avx512,
-    "avx512f,avx2,fma",
-    "The kernel for AVX-512 CPUs."
-);
-
-/// Picks the widest kernel this CPU runs. All variants give identical bits: the loop body has
-/// no fused multiply-adds and the per-lane addition order is fixed in the source.
-fn select_kernel() -> (BlockKernel, &'static str) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return (block_sums_avx512, "avx512");
-        }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return (block_sums_avx2, "avx2");
-        }
-    }
-    (block_sums_portable, "portable")
 }
 
 /// Direct-summation solver with a gravitational constant and a softening kernel.
 #[derive(Debug, Clone)]
 pub struct DirectSummation {
     g: f64,
-    params: KernelParams,
-    kernel: BlockKernel,
+    params: PairParams<f64>,
+    kernel: KernelFn<f64, LANES_F64, TARGET_BLOCK>,
     isa: &'static str,
 }
 
 impl DirectSummation {
     /// A solver for gravitational constant `g` and the given softening.
     pub fn new(g: f64, softening: Softening) -> Self {
-        let (kernel, isa) = select_kernel();
+        let (kernel, isa) = select_f64();
         DirectSummation {
             g,
-            params: KernelParams {
-                kernel: softening.kernel,
-                eps2: softening.epsilon * softening.epsilon,
-                spline_h: super::softening::SPLINE_SUPPORT_PER_EPSILON * softening.epsilon,
-            },
+            params: PairParams::new(softening),
             kernel,
             isa,
         }
@@ -218,8 +57,8 @@ impl DirectSummation {
         self.isa
     }
 
-    /// Accelerations and potentials at arbitrary `targets` from `sources`. A target that
-    /// coincides exactly with a source does not feel that source (self-interaction).
+    /// Accelerations and potentials at arbitrary `targets` from `sources` (overwriting
+    /// `acc` and `pot`). A target that coincides exactly with a source does not feel it.
     pub fn evaluate(
         &self,
         sources: &SourceSet,
@@ -232,19 +71,18 @@ impl DirectSummation {
             .zip(pot.par_chunks_mut(TASK_TARGETS))
             .zip(targets.par_chunks(TASK_TARGETS))
             .for_each(|((acc, pot), targets)| {
-                for (b, block) in targets.chunks(TARGET_BLOCK).enumerate() {
-                    // Pad a short last block by repeating its first target; the extra
-                    // results are discarded.
-                    let mut padded = [block[0]; TARGET_BLOCK];
-                    padded[..block.len()].copy_from_slice(block);
-                    // SAFETY: `select_kernel` only returns kernels this CPU supports.
-                    let sums = unsafe { kernel(sources, &padded, params) };
-                    for (t, s) in sums.iter().take(block.len()).enumerate() {
-                        let i = b * TARGET_BLOCK + t;
-                        acc[i] = [g * s[0], g * s[1], g * s[2]];
-                        pot[i] = -g * s[3];
-                    }
-                }
+                acc.iter_mut().for_each(|a| *a = [0.0; 3]);
+                pot.iter_mut().for_each(|p| *p = 0.0);
+                evaluate_targets(
+                    kernel,
+                    &sources.staged,
+                    targets,
+                    [0.0; 3],
+                    params,
+                    g,
+                    acc,
+                    pot,
+                );
             });
     }
 }
@@ -268,6 +106,7 @@ impl GravitySolver for DirectSummation {
         Ok(ForceReport {
             pair_interactions: n * n.saturating_sub(1),
             seconds: start.elapsed().as_secs_f64(),
+            stats: Vec::new(),
         })
     }
 }
@@ -275,6 +114,8 @@ impl GravitySolver for DirectSummation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gravity::pairwise::{block_sums, select_f32};
+    use crate::gravity::softening::SofteningKernel;
 
     fn reference(
         pos: &[[f64; 3]],
@@ -351,21 +192,29 @@ mod tests {
     #[test]
     fn all_instruction_sets_give_identical_bits() {
         let (pos, mass) = cloud(53);
-        let src = SourceSet::new(&pos, &mass);
-        let params = KernelParams {
-            kernel: SofteningKernel::Plummer,
-            eps2: 1e-4,
-            spline_h: 0.028,
-        };
-        let targets = [pos[0], pos[5], pos[17], pos[52]];
-        // SAFETY: the portable kernel runs anywhere; the selected one is supported.
-        let portable = unsafe { block_sums_portable(&src, &targets, params) };
-        let (best, _) = select_kernel();
-        let fast = unsafe { best(&src, &targets, params) };
-        for t in 0..TARGET_BLOCK {
-            for k in 0..4 {
-                assert_eq!(portable[t][k].to_bits(), fast[t][k].to_bits());
-            }
-        }
+        let params = PairParams::new(Softening {
+            kernel: SofteningKernel::Spline,
+            epsilon: 0.01,
+        });
+        let mut src64 = Staged::<f64, 8>::default();
+        src64.push(&pos[..20], &mass[..20], [0.1; 3]);
+        src64.push(&pos[20..], &mass[20..], [0.1; 3]);
+        let t64 = [[0.3, 0.2, 0.1], [0.0; 3], [0.5, 0.5, 0.5], [0.9, 0.1, 0.4]];
+        let (best, _) = select_f64();
+        // SAFETY: the portable body runs anywhere; `best` was checked by its selector.
+        let (a, b) = unsafe { (block_sums(&src64, &t64, params), best(&src64, &t64, params)) };
+        assert_eq!(format!("{a:?}"), format!("{b:?}"));
+        let mut src32 = Staged::<f32, 16>::default();
+        src32.push(&pos, &mass, [0.1; 3]);
+        let t32 = [
+            [0.3f32, 0.2, 0.1],
+            [0.0; 3],
+            [0.5, 0.5, 0.5],
+            [0.9, 0.1, 0.4],
+        ];
+        let p32 = PairParams::new(Softening::newtonian());
+        let (best32, _) = select_f32();
+        let (c, d) = unsafe { (block_sums(&src32, &t32, p32), best32(&src32, &t32, p32)) };
+        assert_eq!(format!("{c:?}"), format!("{d:?}"));
     }
 }

@@ -3,9 +3,12 @@
 //! `direct` is the f64 reference every other solver is measured against; `softening` holds the
 //! pair kernels both share.
 
+pub mod accuracy;
 pub mod direct;
+pub mod pairwise;
 pub mod softening;
 
+use crate::fmm::caps::Caps;
 use crate::particles::Particles;
 use thiserror::Error;
 
@@ -13,12 +16,26 @@ pub use direct::DirectSummation;
 pub use softening::{Softening, SofteningKernel};
 
 /// What one force evaluation cost.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
+#[derive(Debug, Clone, Default, PartialEq)]
 pub struct ForceReport {
     /// Particle–particle interactions evaluated.
     pub pair_interactions: u64,
     /// Wall-clock seconds spent.
     pub seconds: f64,
+    /// Solver-specific figures, in the order of `GravitySolver::stat_names`.
+    pub stats: Vec<SolverStat>,
+}
+
+/// One solver-specific figure of an evaluation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SolverStat {
+    /// Column name in diagnostics.csv.
+    pub name: &'static str,
+    /// Its value.
+    pub value: f64,
+    /// Whether values add up between diagnostics rows (times, retries) or the last one
+    /// stands (buffer use).
+    pub summed: bool,
 }
 
 /// Why a force evaluation failed.
@@ -34,6 +51,12 @@ pub enum GravityError {
         /// The offending value.
         value: f64,
     },
+    /// The FMM's buffers kept overflowing.
+    #[error("the FMM buffers still overflowed after {retries} retries; raise gravity.cap_growth")]
+    CapsDiverged {
+        /// Retries made.
+        retries: usize,
+    },
 }
 
 /// Computes accelerations and potentials of every particle from all the others.
@@ -43,6 +66,24 @@ pub trait GravitySolver: Send {
 
     /// Fills `particles.acc` and `particles.pot` (self-interaction excluded).
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError>;
+
+    /// Names of the figures in `ForceReport::stats`.
+    fn stat_names(&self) -> Vec<&'static str> {
+        Vec::new()
+    }
+
+    /// Warnings gathered since the last call (e.g. an unreadable presets file).
+    fn take_warnings(&mut self) -> Vec<String> {
+        Vec::new()
+    }
+
+    /// Buffer capacities to store in a checkpoint, if the solver has any.
+    fn caps(&self) -> Option<Caps> {
+        None
+    }
+
+    /// Restores capacities from a checkpoint.
+    fn set_caps(&mut self, _caps: Caps) {}
 }
 
 /// Rejects NaN/Inf positions and masses before a solver turns them into garbage forces.

@@ -3,6 +3,7 @@
 //! Every sampler draws from deterministic substreams (one per block of particle IDs), so the
 //! same model, N and seed give the same bits for any number of threads.
 
+pub mod disk;
 pub mod hernquist;
 pub mod plummer;
 pub mod sampling;

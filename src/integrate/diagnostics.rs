@@ -85,7 +85,7 @@ impl PhaseTimes {
 
 /// One row of `diagnostics.csv`.
 #[derive(Debug, Clone, Copy)]
-pub struct Row {
+pub struct Row<'a> {
     /// Steps taken so far.
     pub step: u64,
     /// Simulation time.
@@ -100,6 +100,8 @@ pub struct Row {
     pub interactions: u64,
     /// Wall time per phase since the previous row.
     pub wall: PhaseTimes,
+    /// Solver-specific figures, one per extra column.
+    pub solver: &'a [f64],
 }
 
 const COLUMNS: &str = "step,time,dt,kinetic,potential,total,rel_energy_error,px,py,pz,lx,ly,lz,com_x,com_y,com_z,virial_ratio,interactions,wall_force,wall_integrate,wall_diagnostics,wall_io,wall_total";
@@ -112,10 +114,15 @@ pub struct DiagnosticsLog {
 }
 
 impl DiagnosticsLog {
-    /// Starts a new log, replacing any old one.
-    pub fn create(path: &Path) -> std::io::Result<Self> {
+    /// Starts a new log, replacing any old one; `extra` names the solver's columns.
+    pub fn create(path: &Path, extra: &[&str]) -> std::io::Result<Self> {
         let mut out = BufWriter::new(File::create(path)?);
-        writeln!(out, "{COLUMNS}")?;
+        let mut header = COLUMNS.to_string();
+        for name in extra {
+            header.push(',');
+            header.push_str(name);
+        }
+        writeln!(out, "{header}")?;
         out.flush()?;
         Ok(DiagnosticsLog {
             path: path.to_path_buf(),
@@ -125,9 +132,9 @@ impl DiagnosticsLog {
 
     /// Reopens a log for a resumed run, dropping rows written after `step` (they belong to
     /// steps that will be recomputed). A missing log is started afresh.
-    pub fn resume(path: &Path, step: u64) -> std::io::Result<Self> {
+    pub fn resume(path: &Path, step: u64, extra: &[&str]) -> std::io::Result<Self> {
         if !path.is_file() {
-            return Self::create(path);
+            return Self::create(path, extra);
         }
         let mut kept = Vec::new();
         for (n, line) in BufReader::new(File::open(path)?).lines().enumerate() {
@@ -159,7 +166,7 @@ impl DiagnosticsLog {
     }
 
     /// Appends and flushes one row.
-    pub fn append(&mut self, r: &Row) -> std::io::Result<()> {
+    pub fn append(&mut self, r: &Row<'_>) -> std::io::Result<()> {
         let c = &r.conserved;
         let e = c.total();
         let rel = if r.energy0 != 0.0 {
@@ -167,7 +174,7 @@ impl DiagnosticsLog {
         } else {
             0.0
         };
-        writeln!(
+        write!(
             self.out,
             "{},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{},{:.6},{:.6},{:.6},{:.6},{:.6}",
             r.step,
@@ -194,6 +201,10 @@ impl DiagnosticsLog {
             r.wall.io,
             r.wall.total()
         )?;
+        for v in r.solver {
+            write!(self.out, ",{v}")?;
+        }
+        writeln!(self.out)?;
         self.out.flush()
     }
 }

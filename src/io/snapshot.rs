@@ -230,7 +230,8 @@ fn write_parameters(file: &hdf5::File, info: &SnapshotInfo) -> hdf5::Result<()> 
 /// A snapshot read back from disk.
 #[derive(Debug, Clone)]
 pub struct SnapshotData {
-    /// The particles (acceleration/potential filled when present in the file).
+    /// The particles in file order (PartType by PartType, file by file); accelerations and
+    /// potentials zero. Velocities are empty when read with `Velocities::Skip`.
     pub particles: Particles,
     /// `Header/Time`.
     pub time: f64,
@@ -238,13 +239,32 @@ pub struct SnapshotData {
     pub units: Option<CgsUnits>,
     /// Files the snapshot was spread over.
     pub files: Vec<PathBuf>,
+    /// Particles per type in each file.
+    pub counts: Vec<[u64; PART_TYPES]>,
+}
+
+/// Whether to read velocities (a force evaluation does not need them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Velocities {
+    /// Read them.
+    Read,
+    /// Leave `Particles::vel` empty.
+    Skip,
 }
 
 /// Reads a GADGET-format HDF5 snapshot or IC file (leapfmm's own or another code's), single-
 /// or multi-file. Masses come from `Masses` or, where absent, from `Header/MassTable`.
 /// Non-finite values, gas particles and duplicate IDs are rejected.
 pub fn read_snapshot(path: &Path) -> Result<SnapshotData, SnapshotError> {
-    let first = read_one(path)?;
+    read_snapshot_with(path, Velocities::Read)
+}
+
+/// `read_snapshot`, optionally without velocities.
+pub fn read_snapshot_with(
+    path: &Path,
+    velocities: Velocities,
+) -> Result<SnapshotData, SnapshotError> {
+    let first = read_one(path, velocities)?;
     let mut files = vec![path.to_path_buf()];
     let mut data = first.0;
     if first.1 > 1 {
@@ -256,8 +276,9 @@ pub fn read_snapshot(path: &Path) -> Result<SnapshotData, SnapshotError> {
             ),
         })?;
         for sibling in siblings.into_iter().skip(1) {
-            let (part, _) = read_one(&sibling)?;
+            let (part, _) = read_one(&sibling, velocities)?;
             data.particles.extend(part.particles);
+            data.counts.extend(part.counts);
             files.push(sibling);
         }
     }
@@ -284,7 +305,7 @@ fn multi_file_names(path: &Path, count: usize) -> Option<Vec<PathBuf>> {
     )
 }
 
-fn read_one(path: &Path) -> Result<(SnapshotData, usize), SnapshotError> {
+fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize), SnapshotError> {
     let err = |what: &str| {
         let what = what.to_string();
         move |e: hdf5::Error| SnapshotError::Hdf5 {
@@ -349,7 +370,10 @@ fn read_one(path: &Path) -> Result<(SnapshotData, usize), SnapshotError> {
             Ok(v)
         };
         let pos = read3("Coordinates")?;
-        let vel = read3("Velocities")?;
+        let vel = match velocities {
+            Velocities::Read => read3("Velocities")?,
+            Velocities::Skip => Vec::new(),
+        };
         let ids = g
             .dataset("ParticleIDs")
             .and_then(|d| d.read_raw::<u64>())
@@ -390,9 +414,20 @@ fn read_one(path: &Path) -> Result<(SnapshotData, usize), SnapshotError> {
                 "{group}/Masses[{i}] = {m}: masses must be positive and finite"
             )));
         }
-        for i in 0..n {
-            particles.push(pos[i], vel[i], masses[i], ids[i], component);
-        }
+        particles.pos.extend(pos);
+        particles.vel.extend(vel);
+        particles.mass.extend(masses);
+        particles.id.extend(ids);
+        particles
+            .component
+            .extend(std::iter::repeat_n(component, n));
+    }
+    let n = particles.pos.len();
+    particles.acc = vec![[0.0; 3]; n];
+    particles.pot = vec![0.0; n];
+    let mut per_type = [0u64; PART_TYPES];
+    for (k, c) in counts.iter().enumerate().take(PART_TYPES) {
+        per_type[k] = *c;
     }
     let units = read_units(&file);
     Ok((
@@ -401,6 +436,7 @@ fn read_one(path: &Path) -> Result<(SnapshotData, usize), SnapshotError> {
             time,
             units,
             files: Vec::new(),
+            counts: vec![per_type],
         },
         num_files,
     ))
@@ -451,4 +487,77 @@ fn read_units(file: &hdf5::File) -> Option<CgsUnits> {
         }
     }
     None
+}
+
+/// A number from `/Parameters` (e.g. `GravityConstantInternal`, `leapfmm.gravity.softening`).
+pub fn read_parameter_f64(path: &Path, name: &str) -> Option<f64> {
+    let file = hdf5::File::open(path).ok()?;
+    let group = file.group("Parameters").ok()?;
+    read_f64(&group, name).ok()
+}
+
+/// A string from `/Parameters`.
+pub fn read_parameter_string(path: &Path, name: &str) -> Option<String> {
+    let file = hdf5::File::open(path).ok()?;
+    let group = file.group("Parameters").ok()?;
+    read_string(&group, name).ok()
+}
+
+/// Writes `Acceleration` and `Potential` datasets into existing snapshot files (replacing
+/// any already there), splitting `acc`/`pot` by the files' per-type counts in file order.
+/// Stored in the precision of each group's `Coordinates`.
+pub fn write_forces(
+    data: &SnapshotData,
+    acc: &[[f64; 3]],
+    pot: &[f64],
+) -> Result<(), SnapshotError> {
+    let mut offset = 0;
+    for (path, counts) in data.files.iter().zip(&data.counts) {
+        let fail = |e: hdf5::Error| SnapshotError::Hdf5 {
+            path: path.clone(),
+            what: "writing Acceleration and Potential".into(),
+            reason: e.to_string(),
+        };
+        let file = hdf5::File::open_rw(path).map_err(fail)?;
+        for (pt, &count) in counts.iter().enumerate().skip(1) {
+            let n = count as usize;
+            if n == 0 {
+                continue;
+            }
+            let g = file.group(&format!("PartType{pt}")).map_err(fail)?;
+            let double = g
+                .dataset("Coordinates")
+                .and_then(|d| d.dtype())
+                .map(|t| t.size() == 8)
+                .unwrap_or(false);
+            for name in ["Acceleration", "Potential"] {
+                if g.link_exists(name) {
+                    g.unlink(name).map_err(fail)?;
+                }
+            }
+            let a = &acc[offset..offset + n];
+            let p = Array1::from_iter(pot[offset..offset + n].iter().copied());
+            if double {
+                g.new_dataset_builder()
+                    .with_data(&vectors_to_array(a, |x| x))
+                    .create("Acceleration")
+                    .map_err(fail)?;
+                g.new_dataset_builder()
+                    .with_data(&p)
+                    .create("Potential")
+                    .map_err(fail)?;
+            } else {
+                g.new_dataset_builder()
+                    .with_data(&vectors_to_array(a, |x| x as f32))
+                    .create("Acceleration")
+                    .map_err(fail)?;
+                g.new_dataset_builder()
+                    .with_data(&p.mapv(|x| x as f32))
+                    .create("Potential")
+                    .map_err(fail)?;
+            }
+            offset += n;
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,133 @@
+#!/usr/bin/env python3
+"""leapfmm next to its peers on the same particle set, at matched accuracy, in one run.
+
+Not part of the test suite. Needs Python 3 with numpy, h5py, fmm3dpy and pytreegrav:
+
+    python3 -m venv /tmp/peers && /tmp/peers/bin/pip install numpy h5py fmm3dpy pytreegrav
+    cargo build --release
+    /tmp/peers/bin/python benches/peers.py --n 1000000
+
+Every code sees the same positions and masses (the disk-in-halo workload of `leapfmm bench`),
+pure Newtonian gravity (softening 0: FMM3D has none) and G = 1. Errors are measured against
+direct summation on the same random particles (computed here with numpy, in f64):
+median / p99 / max relative error of the acceleration and aggL2, as in docs/benchmarks.md.
+
+Pairs compared (ratios come from this one run, on this machine):
+  * fmm3dpy (single-threaded wheel) at eps = 1e-3 vs leapfmm with RAYON_NUM_THREADS=1 at
+    settings reaching the same or better aggL2;
+  * pytreegrav (numba, parallel, warmed up first) at its default theta = 0.7 vs leapfmm with
+    all threads at settings reaching the same or better aggL2.
+"""
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+import h5py
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LEAPFMM = os.path.join(ROOT, "target", "release", "leapfmm")
+
+
+def errors(acc, ref):
+    d = np.linalg.norm(acc - ref, axis=1)
+    r = np.linalg.norm(ref, axis=1)
+    rel = np.sort(d / r)
+    return {
+        "median": float(rel[len(rel) // 2]),
+        "p99": float(rel[int(round(0.99 * (len(rel) - 1)))]),
+        "max": float(rel[-1]),
+        "aggL2": float(np.sqrt((d**2).sum() / (r**2).sum())),
+    }
+
+
+def direct(pos, mass, idx):
+    out = np.zeros((len(idx), 3))
+    for k, i in enumerate(idx):
+        dx = pos - pos[i]
+        r2 = (dx**2).sum(axis=1)
+        r2[i] = np.inf
+        out[k] = (mass[:, None] * dx / (r2 * np.sqrt(r2))[:, None]).sum(axis=0)
+    return out
+
+
+def run_leapfmm(path, threads, order, theta, leaf, idx, repeat=2):
+    """Runs `leapfmm forces` and returns (seconds of the last evaluation, acc at idx)."""
+    env = dict(os.environ)
+    if threads:
+        env["RAYON_NUM_THREADS"] = str(threads)
+    out = path + ".forces.hdf5"
+    cmd = [LEAPFMM, "forces", path, "--softening", "0", "--order", str(order), "--theta", str(theta),
+           "--leaf-size", str(leaf), "--repeat", str(repeat), "-o", out]
+    text = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+    secs = float(re.findall(r"evaluation \d+: ([0-9.]+) s", text)[-1])
+    with h5py.File(out, "r") as f:
+        acc = np.concatenate([f[g]["Acceleration"][()] for g in sorted(f) if g.startswith("PartType")])
+    os.remove(out)
+    return secs, acc[idx]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=1_000_000)
+    ap.add_argument("--compare", type=int, default=1000, help="particles compared with direct summation")
+    args = ap.parse_args()
+    if not os.path.exists(LEAPFMM):
+        sys.exit("build leapfmm first: cargo build --release")
+
+    tmp = tempfile.mkdtemp()
+    path = os.path.join(tmp, "set.hdf5")
+    subprocess.run([LEAPFMM, "bench", "--export", path, "--workload", "disk-in-halo", "--sizes", str(args.n)],
+                   check=True, capture_output=True)
+    with h5py.File(path, "r") as f:
+        groups = sorted(g for g in f if g.startswith("PartType"))
+        pos = np.concatenate([f[g]["Coordinates"][()] for g in groups]).astype(np.float64)
+        mass = np.concatenate([f[g]["Masses"][()] for g in groups]).astype(np.float64)
+    n = len(mass)
+    rng = np.random.default_rng(1)
+    idx = np.sort(rng.choice(n, size=min(args.compare, n), replace=False))
+    t = time.perf_counter()
+    ref = direct(pos, mass, idx)
+    print(f"N = {n}, disk-in-halo, G = 1, Newtonian; direct reference on {len(idx)} particles in "
+          f"{time.perf_counter() - t:.1f} s; machine threads: {os.cpu_count()}")
+    rows = []
+
+    # fmm3dpy, one thread (the wheel is single-threaded); kernel 1/(4 pi r).
+    import fmm3dpy
+    src = np.ascontiguousarray(pos.T)
+    t = time.perf_counter()
+    res = fmm3dpy.lfmm3d(eps=1e-3, sources=src, charges=mass, pg=2)
+    fmm3d_s = time.perf_counter() - t
+    acc = 4.0 * np.pi * res.grad.T[idx]
+    rows.append(("fmm3dpy eps=1e-3", 1, fmm3d_s, errors(acc, ref)))
+
+    # leapfmm, one thread, settings at which it reaches fmm3dpy's aggL2 or better.
+    for order, theta, leaf in [(8, 0.6, 128), (8, 0.5, 128)]:
+        secs, acc = run_leapfmm(path, 1, order, theta, leaf, idx)
+        rows.append((f"leapfmm p={order} θ={theta} leaf={leaf}", 1, secs, errors(acc, ref)))
+
+    # pytreegrav, parallel, warmed up (its first call compiles).
+    import pytreegrav
+    small = slice(0, 2000)
+    pytreegrav.Accel(pos[small], mass[small], theta=0.7, parallel=True)
+    t = time.perf_counter()
+    acc = pytreegrav.Accel(pos, mass, theta=0.7, parallel=True)
+    ptg_s = time.perf_counter() - t
+    rows.append(("pytreegrav theta=0.7", os.cpu_count(), ptg_s, errors(acc[idx], ref)))
+    for order, theta, leaf in [(3, 0.8, 128), (4, 0.8, 128)]:
+        secs, acc = run_leapfmm(path, 0, order, theta, leaf, idx)
+        rows.append((f"leapfmm p={order} θ={theta} leaf={leaf}", os.cpu_count(), secs, errors(acc, ref)))
+
+    print("| code and settings | threads | s/eval | median | p99 | max | aggL2 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, threads, secs, e in rows:
+        print(f"| {name} | {threads} | {secs:.3f} | {e['median']:.2e} | {e['p99']:.2e} | {e['max']:.2e} | {e['aggL2']:.2e} |")
+
+
+if __name__ == "__main__":
+    main()

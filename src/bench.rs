@@ -1,0 +1,139 @@
+//! Force-solver benchmark workloads and measurements (`leapfmm bench`, `benches/`).
+
+use crate::ics::disk;
+use crate::ics::hernquist::Hernquist;
+use crate::ics::plummer::Plummer;
+use crate::ics::sampling::{SphericalModel, block_rng, isotropic_unit};
+use crate::particles::{Component, Particles};
+use rand::RngExt;
+use rayon::prelude::*;
+
+/// A benchmark particle distribution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Workload {
+    /// Plummer sphere in Hénon units (G = 1, M = 1, a = 3π/16).
+    Plummer,
+    /// A Milky-Way-like exponential disk (5e10 Msun, R_d = 3 kpc, z_0 = 0.3 kpc, one third
+    /// of the particles) inside a Hernquist halo (1e12 Msun, a = 30 kpc, cut at 300 kpc),
+    /// galactic units.
+    DiskInHalo,
+}
+
+impl Workload {
+    /// Name in tables.
+    pub fn name(self) -> &'static str {
+        match self {
+            Workload::Plummer => "plummer",
+            Workload::DiskInHalo => "disk-in-halo",
+        }
+    }
+
+    /// Gravitational constant of the workload's units.
+    pub fn g(self) -> f64 {
+        match self {
+            Workload::Plummer => crate::units::UnitSystem::Nbody.gravitational_constant(),
+            Workload::DiskInHalo => crate::units::UnitSystem::Galactic.gravitational_constant(),
+        }
+    }
+
+    /// A softening length typical of production runs at `n` particles.
+    pub fn softening(self, n: usize) -> f64 {
+        let scale = (1e6 / n as f64).cbrt();
+        match self {
+            Workload::Plummer => 0.01 * scale,
+            Workload::DiskInHalo => 0.05 * scale,
+        }
+    }
+
+    /// `n` particles (positions and masses; velocities zero), reproducible from `seed`.
+    pub fn particles(self, n: usize, seed: u64) -> Particles {
+        match self {
+            Workload::Plummer => {
+                let model = Plummer::new(1.0, 3.0 * std::f64::consts::PI / 16.0, 1.0);
+                positions(&model, None, n, seed, 0, Component::Generic, 1)
+            }
+            Workload::DiskInHalo => {
+                let n_disk = n / 3;
+                let n_halo = n - n_disk;
+                let halo = Hernquist::new(100.0, 30.0, 1.0);
+                let mut p = positions(&halo, Some(300.0), n_halo, seed, 1, Component::Halo, 1);
+                let disk_mass = 5.0 / n_disk.max(1) as f64;
+                let blocks: Vec<Particles> = (0..n_disk.div_ceil(4096))
+                    .into_par_iter()
+                    .map(|b| {
+                        let mut rng = block_rng(seed, 2, b as u64);
+                        let count = 4096.min(n_disk - b * 4096);
+                        let mut out = Particles::with_capacity(count);
+                        for k in 0..count {
+                            let x = disk::sample_position(3.0, 0.3, 30.0, &mut rng);
+                            out.push(
+                                x,
+                                [0.0; 3],
+                                disk_mass,
+                                (n_halo + b * 4096 + k + 1) as u64,
+                                Component::Disk,
+                            );
+                        }
+                        out
+                    })
+                    .collect();
+                for b in blocks {
+                    p.extend(b);
+                }
+                p
+            }
+        }
+    }
+}
+
+/// Positions (no velocities) of a spherical model, in substreams like the IC samplers.
+fn positions<M: SphericalModel>(
+    model: &M,
+    truncation: Option<f64>,
+    n: usize,
+    seed: u64,
+    stream: u64,
+    component: Component,
+    first_id: u64,
+) -> Particles {
+    let u_max = truncation.map_or(1.0, |rt| model.mass_fraction(rt));
+    let mass = model.total_mass() * u_max / n.max(1) as f64;
+    let blocks: Vec<Particles> = (0..n.div_ceil(4096))
+        .into_par_iter()
+        .map(|b| {
+            let mut rng = block_rng(seed, stream, b as u64);
+            let count = 4096.min(n - b * 4096);
+            let mut out = Particles::with_capacity(count);
+            for k in 0..count {
+                let r = model.radius_of_mass_fraction(u_max * rng.random::<f64>());
+                let d = isotropic_unit(&mut rng);
+                out.push(
+                    [r * d[0], r * d[1], r * d[2]],
+                    [0.0; 3],
+                    mass,
+                    first_id + (b * 4096 + k) as u64,
+                    component,
+                );
+            }
+            out
+        })
+        .collect();
+    let mut p = Particles::with_capacity(n);
+    for b in blocks {
+        p.extend(b);
+    }
+    p
+}
+
+/// Peak resident memory of this process in bytes (Linux `VmHWM`), if known.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Resets the peak-memory counter (Linux ≥ 4.0), so the next reading covers what follows.
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}

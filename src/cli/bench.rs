@@ -1,0 +1,284 @@
+//! `leapfmm bench`: FMM cost and accuracy on standard workloads, plus an accuracy–cost scan
+//! over order and opening angle. Prints Markdown tables (and JSON with `--json`).
+
+use anyhow::{Context, Result};
+use clap::{Args, ValueEnum};
+use leapfmm::bench::{Workload, peak_rss_bytes, reset_peak_rss};
+use leapfmm::config::Precision;
+use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
+use leapfmm::fmm::caps::CapsPolicy;
+use leapfmm::fmm::p2p::NearFieldPrecision;
+use leapfmm::fmm::{FmmSettings, FmmSolver};
+use leapfmm::gravity::accuracy::{compare, direct_at, sample_indices};
+use leapfmm::gravity::{Softening, SofteningKernel};
+use leapfmm::io::snapshot::{SnapshotInfo, write_snapshot};
+use leapfmm::units::UnitSystem;
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Arguments of `leapfmm bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Workloads to run.
+    #[arg(long, value_enum, default_value_t = WorkloadArg::Both)]
+    workload: WorkloadArg,
+    /// Particle counts.
+    #[arg(long, value_delimiter = ',', default_values_t = [10_000usize, 100_000, 1_000_000])]
+    sizes: Vec<usize>,
+    /// Also run N = 1e7.
+    #[arg(long)]
+    large: bool,
+    /// Expansion order.
+    #[arg(long, default_value_t = DEFAULT_ORDER)]
+    order: usize,
+    /// Opening angle parameter.
+    #[arg(long, default_value_t = DEFAULT_THETA)]
+    theta: f64,
+    /// Leaf size.
+    #[arg(long, default_value_t = DEFAULT_LEAF_SIZE)]
+    leaf_size: usize,
+    /// Particles compared with direct summation per case.
+    #[arg(long, default_value_t = 1000)]
+    compare_direct: usize,
+    /// Also print the accuracy–cost table over order and θ (disk-in-halo).
+    #[arg(long)]
+    scan: bool,
+    /// Particle count of the scan.
+    #[arg(long, default_value_t = 100_000)]
+    scan_n: usize,
+    /// Skip the size table (with --scan: only the scan).
+    #[arg(long)]
+    no_sizes: bool,
+    /// Write all results as JSON here.
+    #[arg(long)]
+    json: Option<PathBuf>,
+    /// Instead of measuring, write the particle set of the (single) --workload at the first
+    /// of --sizes to this GADGET-4 HDF5 file (f64), e.g. for benches/peers.py.
+    #[arg(long)]
+    export: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum WorkloadArg {
+    Plummer,
+    DiskInHalo,
+    Both,
+}
+
+/// One measured case.
+#[derive(Debug, Clone, Serialize)]
+struct Case {
+    workload: &'static str,
+    n: usize,
+    order: usize,
+    theta: f64,
+    leaf_size: usize,
+    near_field: &'static str,
+    seconds: f64,
+    particles_per_second: f64,
+    first_evaluation_retries: usize,
+    m2l_pairs: usize,
+    p2p_interactions: u64,
+    median: f64,
+    p99: f64,
+    max: f64,
+    agg_l2: f64,
+    peak_rss_bytes: Option<u64>,
+}
+
+fn measure(
+    w: Workload,
+    n: usize,
+    order: usize,
+    theta: f64,
+    leaf: usize,
+    near: NearFieldPrecision,
+    compare_m: usize,
+) -> Result<Case> {
+    let p = w.particles(n, 1);
+    let softening = Softening {
+        kernel: SofteningKernel::Spline,
+        epsilon: w.softening(n),
+    };
+    let settings = FmmSettings {
+        order,
+        theta,
+        leaf_size: leaf,
+        softening,
+        g: w.g(),
+        near_field: near,
+        caps_policy: CapsPolicy::default(),
+    };
+    reset_peak_rss();
+    let mut solver = FmmSolver::new(settings, None);
+    let mut acc = vec![[0.0; 3]; n];
+    let mut pot = vec![0.0; n];
+    let first = solver.evaluate(&p.pos, &p.mass, &p.id, &mut acc, &mut pot)?;
+    let start = Instant::now();
+    let stats = solver.evaluate(&p.pos, &p.mass, &p.id, &mut acc, &mut pot)?;
+    let seconds = start.elapsed().as_secs_f64();
+    let peak = peak_rss_bytes();
+    let idx = sample_indices(n, compare_m, 7);
+    let (reference, _) = direct_at(&p.pos, &p.mass, &idx, w.g(), softening);
+    let fmm: Vec<[f64; 3]> = idx.iter().map(|&i| acc[i]).collect();
+    let e = compare(&fmm, &reference);
+    Ok(Case {
+        workload: w.name(),
+        n,
+        order,
+        theta,
+        leaf_size: leaf,
+        near_field: match near {
+            NearFieldPrecision::Mixed => "mixed",
+            NearFieldPrecision::Double => "double",
+        },
+        seconds,
+        particles_per_second: n as f64 / seconds,
+        first_evaluation_retries: first.retries,
+        m2l_pairs: stats.used.m2l_pairs,
+        p2p_interactions: stats.p2p_interactions,
+        median: e.median,
+        p99: e.p99,
+        max: e.max,
+        agg_l2: e.agg_l2,
+        peak_rss_bytes: peak,
+    })
+}
+
+fn print_header() {
+    println!(
+        "| workload | N | p | θ | leaf | near field | s/eval | particles/s | median | p99 | aggL2 | peak RSS (B/particle) |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+}
+
+fn print_row(c: &Case) {
+    let rss = c
+        .peak_rss_bytes
+        .map(|b| format!("{:.0} MB ({:.0})", b as f64 / 1e6, b as f64 / c.n as f64))
+        .unwrap_or_else(|| "?".into());
+    println!(
+        "| {} | {:.0e} | {} | {} | {} | {} | {:.3} | {:.3e} | {:.2e} | {:.2e} | {:.2e} | {rss} |",
+        c.workload,
+        c.n as f64,
+        c.order,
+        c.theta,
+        c.leaf_size,
+        c.near_field,
+        c.seconds,
+        c.particles_per_second,
+        c.median,
+        c.p99,
+        c.agg_l2
+    );
+}
+
+/// Runs the requested tables.
+pub fn execute(args: BenchArgs) -> Result<()> {
+    let workloads: Vec<Workload> = match args.workload {
+        WorkloadArg::Plummer => vec![Workload::Plummer],
+        WorkloadArg::DiskInHalo => vec![Workload::DiskInHalo],
+        WorkloadArg::Both => vec![Workload::Plummer, Workload::DiskInHalo],
+    };
+    if let Some(path) = &args.export {
+        return export(path, &workloads, &args.sizes);
+    }
+    let mut sizes = args.sizes.clone();
+    if args.large {
+        sizes.push(10_000_000);
+    }
+    println!("threads: {}", rayon::current_num_threads());
+    let mut cases = Vec::new();
+    if !args.no_sizes {
+        println!("\n## Cost and accuracy by size (second evaluation; the first finds the caps)\n");
+        print_header();
+        for &w in &workloads {
+            for &n in &sizes {
+                let c = measure(
+                    w,
+                    n,
+                    args.order,
+                    args.theta,
+                    args.leaf_size,
+                    NearFieldPrecision::Mixed,
+                    args.compare_direct,
+                )?;
+                print_row(&c);
+                cases.push(c);
+            }
+        }
+    }
+    if args.scan {
+        println!(
+            "\n## Accuracy–cost scan (disk-in-halo, N = {})\n",
+            args.scan_n
+        );
+        print_header();
+        for order in [2, 4, 6, 8] {
+            for theta in [0.4, 0.5, 0.6, 0.7, 0.8] {
+                let c = measure(
+                    Workload::DiskInHalo,
+                    args.scan_n,
+                    order,
+                    theta,
+                    args.leaf_size,
+                    NearFieldPrecision::Mixed,
+                    args.compare_direct,
+                )?;
+                print_row(&c);
+                cases.push(c);
+            }
+        }
+        for theta in [0.4, 0.5] {
+            let c = measure(
+                Workload::DiskInHalo,
+                args.scan_n,
+                8,
+                theta,
+                args.leaf_size,
+                NearFieldPrecision::Double,
+                args.compare_direct,
+            )?;
+            print_row(&c);
+            cases.push(c);
+        }
+    }
+    if let Some(path) = &args.json {
+        let text = serde_json::to_string_pretty(&cases)?;
+        std::fs::write(path, text).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    Ok(())
+}
+
+/// Writes one workload's particle set as a snapshot (units and softening recorded).
+fn export(path: &std::path::Path, workloads: &[Workload], sizes: &[usize]) -> Result<()> {
+    let (&w, &n) = match (workloads, sizes.first()) {
+        ([w], Some(n)) => (w, n),
+        _ => anyhow::bail!("--export needs one --workload (plummer or disk-in-halo) and a size"),
+    };
+    let particles = w.particles(n, 1);
+    let units = match w {
+        Workload::Plummer => UnitSystem::Nbody,
+        Workload::DiskInHalo => UnitSystem::Galactic,
+    };
+    let info = SnapshotInfo {
+        time: 0.0,
+        units,
+        precision: Precision::Double,
+        potential: false,
+        acceleration: false,
+        parameters: vec![(
+            "gravity.softening".into(),
+            toml::Value::Float(w.softening(n)),
+        )],
+        settings_text: None,
+    };
+    write_snapshot(path, &particles, &info)?;
+    eprintln!(
+        "wrote the {} set with {n} particles to {}",
+        w.name(),
+        path.display()
+    );
+    Ok(())
+}

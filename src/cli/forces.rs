@@ -1,0 +1,216 @@
+//! `leapfmm forces SNAPSHOT [--order P --theta T --leaf-size L --softening E]
+//! [-o OUT.hdf5] [--compare-direct M]`: FMM accelerations and potentials of a snapshot.
+
+use anyhow::{Context, Result, bail};
+use clap::builder::TypedValueParser;
+use clap::{Args, ValueEnum};
+use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
+use leapfmm::fmm::caps::CapsPolicy;
+use leapfmm::fmm::expansion::MAX_ORDER;
+use leapfmm::fmm::p2p::NearFieldPrecision;
+use leapfmm::fmm::presets::PresetsStore;
+use leapfmm::fmm::{FmmSettings, FmmSolver};
+use leapfmm::gravity::accuracy::{compare, direct_at, sample_indices};
+use leapfmm::gravity::{GravitySolver, Softening, SofteningKernel};
+use leapfmm::io::snapshot::{
+    Velocities, read_parameter_f64, read_parameter_string, read_snapshot_with, write_forces,
+};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Arguments of `leapfmm forces`.
+#[derive(Debug, Args)]
+pub struct ForcesArgs {
+    /// GADGET-format HDF5 snapshot (multi-file: give the .0.hdf5 file).
+    snapshot: PathBuf,
+    /// Expansion order p.
+    #[arg(long, default_value_t = DEFAULT_ORDER, value_parser = clap::value_parser!(u32).range(1..=MAX_ORDER as i64).map(|v| v as usize))]
+    order: usize,
+    /// Opening angle parameter θ (0 < θ < 1).
+    #[arg(long, default_value_t = DEFAULT_THETA, value_parser = parse_theta)]
+    theta: f64,
+    /// Most particles per leaf.
+    #[arg(long, default_value_t = DEFAULT_LEAF_SIZE, value_parser = clap::value_parser!(u32).range(1..=65536).map(|v| v as usize))]
+    leaf_size: usize,
+    /// Softening length (0 = Newtonian); default: the run's, recorded in the snapshot.
+    #[arg(long, value_parser = parse_softening)]
+    softening: Option<f64>,
+    /// Softening kernel; default: the run's, or spline.
+    #[arg(long, value_enum)]
+    kernel: Option<KernelArg>,
+    /// Near-field precision.
+    #[arg(long, value_enum, default_value_t = NearArg::Mixed)]
+    near_field: NearArg,
+    /// Write a copy with the forces here instead of adding them to SNAPSHOT.
+    #[arg(short, long)]
+    output: Option<PathBuf>,
+    /// Compare with direct summation on this many random particles.
+    #[arg(long)]
+    compare_direct: Option<usize>,
+    /// Seed of the particles chosen for --compare-direct.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Evaluate this many times and report each (the first finds the buffer capacities).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
+    repeat: usize,
+    /// Caps presets file to start from and record in.
+    #[arg(long)]
+    presets: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum KernelArg {
+    Plummer,
+    Spline,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+enum NearArg {
+    Mixed,
+    Double,
+}
+
+fn parse_theta(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if v > 0.0 && v < 1.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not strictly between 0 and 1"))
+    }
+}
+
+fn parse_softening(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if v.is_finite() && v >= 0.0 {
+        Ok(v)
+    } else {
+        Err(format!("{v} must be a finite number >= 0"))
+    }
+}
+
+/// Evaluates, writes, and reports.
+pub fn execute(args: ForcesArgs) -> Result<()> {
+    let path = &args.snapshot;
+    let read_start = Instant::now();
+    let data = read_snapshot_with(path, Velocities::Skip)?;
+    let n = data.particles.len();
+    if n == 0 {
+        bail!("{}: the snapshot holds no particles", path.display());
+    }
+    if args.output.is_some() && data.files.len() > 1 {
+        bail!(
+            "{}: -o cannot copy a multi-file snapshot; omit -o to add the forces to its files",
+            path.display()
+        );
+    }
+    let g = read_parameter_f64(path, "GravityConstantInternal")
+        .filter(|g| *g > 0.0)
+        .or_else(|| data.units.map(|u| u.gravitational_constant()))
+        .unwrap_or_else(|| {
+            eprintln!("note: {} records no units; using G = 1", path.display());
+            1.0
+        });
+    let epsilon = match args
+        .softening
+        .or_else(|| read_parameter_f64(path, "leapfmm.gravity.softening"))
+    {
+        Some(e) => e,
+        None => bail!(
+            "{}: the snapshot does not record a softening length; give --softening (0 for Newtonian)",
+            path.display()
+        ),
+    };
+    let kernel = match args.kernel {
+        Some(KernelArg::Plummer) => SofteningKernel::Plummer,
+        Some(KernelArg::Spline) => SofteningKernel::Spline,
+        None => match read_parameter_string(path, "leapfmm.gravity.kernel").as_deref() {
+            Some("plummer") => SofteningKernel::Plummer,
+            _ => SofteningKernel::Spline,
+        },
+    };
+    let softening = Softening { kernel, epsilon };
+    let settings = FmmSettings {
+        order: args.order,
+        theta: args.theta,
+        leaf_size: args.leaf_size,
+        softening,
+        g,
+        near_field: match args.near_field {
+            NearArg::Mixed => NearFieldPrecision::Mixed,
+            NearArg::Double => NearFieldPrecision::Double,
+        },
+        caps_policy: CapsPolicy::default(),
+    };
+    eprintln!(
+        "{}: {n} particles read in {:.2} s; FMM p = {}, θ = {}, leaf size {}, {} softening ε = {epsilon}, G = {g}",
+        path.display(),
+        read_start.elapsed().as_secs_f64(),
+        args.order,
+        args.theta,
+        args.leaf_size,
+        kernel.name()
+    );
+    let mut solver = FmmSolver::new(settings, args.presets.clone().map(PresetsStore::new));
+    let p = data.particles;
+    let mut acc = vec![[0.0; 3]; n];
+    let mut pot = vec![0.0; n];
+    for k in 0..args.repeat {
+        let start = Instant::now();
+        let stats = solver.evaluate(&p.pos, &p.mass, &p.id, &mut acc, &mut pot)?;
+        let secs = start.elapsed().as_secs_f64();
+        let s = stats.seconds;
+        println!(
+            "evaluation {}: {secs:.3} s ({:.3e} particles/s), {} retries; tree {:.3} upward {:.3} traversal {:.3} m2l {:.3} downward {:.3} p2p {:.3} s; {} cells, {} M2L pairs, {} P2P pairs",
+            k + 1,
+            n as f64 / secs,
+            stats.retries,
+            s.tree,
+            s.upward,
+            s.traversal,
+            s.m2l,
+            s.downward,
+            s.p2p,
+            stats.cells,
+            stats.used.m2l_pairs,
+            stats.used.p2p_pairs
+        );
+    }
+    for w in solver.take_warnings() {
+        eprintln!("warning: {w}");
+    }
+    if let Some(m) = args.compare_direct {
+        let idx = sample_indices(n, m, args.seed);
+        let start = Instant::now();
+        let (reference, _) = direct_at(&p.pos, &p.mass, &idx, g, softening);
+        let fmm: Vec<[f64; 3]> = idx.iter().map(|&i| acc[i]).collect();
+        let e = compare(&fmm, &reference);
+        println!(
+            "accuracy vs direct summation on {} particles ({:.2} s): median {:.3e}, p99 {:.3e}, max {:.3e}, aggL2 {:.3e}",
+            e.count,
+            start.elapsed().as_secs_f64(),
+            e.median,
+            e.p99,
+            e.max,
+            e.agg_l2
+        );
+    }
+    let mut data = leapfmm::io::snapshot::SnapshotData {
+        particles: p,
+        ..data
+    };
+    if let Some(out) = &args.output {
+        std::fs::copy(path, out)
+            .with_context(|| format!("cannot copy {} to {}", path.display(), out.display()))?;
+        data.files = vec![out.clone()];
+    }
+    write_forces(&data, &acc, &pot)?;
+    eprintln!(
+        "wrote Acceleration and Potential to {}",
+        data.files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}

@@ -1,0 +1,14 @@
+//! The fast multipole method (design §5): Morton-sorted octree with centre-of-mass
+//! expansion centres and exact bounding spheres, solid-harmonic expansions with O(p^3)
+//! rotated M2L, a dual-tree walk that only builds lists, and batched passes over them.
+
+pub mod caps;
+pub mod expansion;
+pub mod morton;
+pub mod p2p;
+pub mod presets;
+pub mod solver;
+pub mod traversal;
+pub mod tree;
+
+pub use solver::{FmmSettings, FmmSolver, FmmStats};

@@ -1,0 +1,590 @@
+//! The FMM force evaluation: tree, upward pass, list-building traversal, then batched M2L,
+//! L2L, L2P and P2P passes; with capped buffers, selective retries and caps carried between
+//! evaluations (and across runs through the presets file).
+
+use super::caps::{CapKind, CappedBuffer, Caps, CapsPolicy, CapsTracker};
+use super::expansion::{self, M2L_LANES, Operators, real_len};
+use super::p2p::{NearField, NearFieldPrecision, NearScratch};
+use super::presets::{PresetKey, PresetsStore};
+use super::traversal::{Mac, unpack, walk};
+use super::tree::Tree;
+use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
+use crate::gravity::{ForceReport, GravityError, GravitySolver, SolverStat, check_finite};
+use crate::particles::Particles;
+use rayon::prelude::*;
+use std::time::Instant;
+
+/// Far pairs under Plummer softening must be at least this many softening lengths apart:
+/// the far field is Newtonian, and there the Plummer force differs by 1.5 (ε/r)² ≤ 1.5%.
+pub const PLUMMER_FAR_SEPARATION: f64 = 10.0;
+
+/// Retries before an evaluation gives up (each grows a cap by at least the growth factor).
+const MAX_RETRIES: usize = 200;
+
+/// Settings of an FMM solver.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FmmSettings {
+    /// Expansion order p (1..=12).
+    pub order: usize,
+    /// Opening angle parameter θ of the MAC.
+    pub theta: f64,
+    /// Most particles in a leaf.
+    pub leaf_size: usize,
+    /// Softening of the near field (and the far-pair separation it implies).
+    pub softening: Softening,
+    /// Gravitational constant.
+    pub g: f64,
+    /// Near-field precision.
+    pub near_field: NearFieldPrecision,
+    /// How caps adapt.
+    pub caps_policy: CapsPolicy,
+}
+
+impl FmmSettings {
+    /// The acceptance criterion these settings imply.
+    pub fn mac(&self) -> Mac {
+        let eps = self.softening.epsilon;
+        let support = match self.softening.kernel {
+            SofteningKernel::Spline => SPLINE_SUPPORT_PER_EPSILON * eps,
+            SofteningKernel::Plummer => PLUMMER_FAR_SEPARATION * eps,
+        };
+        Mac {
+            theta: self.theta,
+            support,
+        }
+    }
+}
+
+/// Wall seconds per phase of one evaluation (retries included in tree and traversal).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PhaseSeconds {
+    /// Sort and cell construction.
+    pub tree: f64,
+    /// Moments, P2M and M2M.
+    pub upward: f64,
+    /// Dual-tree walk and list sorting.
+    pub traversal: f64,
+    /// M2L.
+    pub m2l: f64,
+    /// L2L and L2P.
+    pub downward: f64,
+    /// P2P.
+    pub p2p: f64,
+}
+
+/// What one evaluation did.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FmmStats {
+    /// Retries caused by overflowed caps.
+    pub retries: usize,
+    /// Overflows per buffer kind (`CapKind` order).
+    pub overflows: [usize; 3],
+    /// Caps in force for the successful attempt.
+    pub caps: Caps,
+    /// What the successful attempt used of each cap.
+    pub used: Caps,
+    /// Phase timings.
+    pub seconds: PhaseSeconds,
+    /// Particle–particle interactions in the near field.
+    pub p2p_interactions: u64,
+    /// Cells in the tree.
+    pub cells: usize,
+}
+
+/// A leaf and the slices of the sorted output arrays that belong to its particles.
+type LeafOutput<'a> = (u32, &'a mut [[f64; 3]], &'a mut [f64]);
+
+/// Gives up on buffers that keep overflowing (a growth factor barely above 1).
+fn check_retries(stats: &FmmStats) -> Result<(), GravityError> {
+    if stats.retries > MAX_RETRIES {
+        return Err(GravityError::CapsDiverged {
+            retries: stats.retries,
+        });
+    }
+    Ok(())
+}
+
+/// Directed pairs sorted by (target, source), with the range of each target: the sources of
+/// target `t` are the low halves of `pairs[offsets[t]..offsets[t + 1]]`. The pairs vector is
+/// the capped buffer's own memory, lent out between traversal and the next evaluation.
+#[derive(Debug, Default)]
+struct PairList {
+    pairs: Vec<u64>,
+    offsets: Vec<u32>,
+}
+
+impl PairList {
+    fn build(&mut self, mut pairs: Vec<u64>, targets: usize) {
+        pairs.par_sort_unstable();
+        self.offsets.clear();
+        self.offsets.resize(targets + 1, 0);
+        for &p in &pairs {
+            self.offsets[unpack(p).0 as usize + 1] += 1;
+        }
+        for t in 0..targets {
+            self.offsets[t + 1] += self.offsets[t];
+        }
+        self.pairs = pairs;
+    }
+
+    fn of(&self, target: usize) -> impl ExactSizeIterator<Item = u32> + '_ {
+        self.pairs[self.offsets[target] as usize..self.offsets[target + 1] as usize]
+            .iter()
+            .map(|&p| unpack(p).1)
+    }
+
+    fn len_of(&self, target: usize) -> usize {
+        (self.offsets[target + 1] - self.offsets[target]) as usize
+    }
+}
+
+/// A reusable FMM solver: buffers and caps persist between evaluations.
+#[derive(Debug)]
+pub struct FmmSolver {
+    settings: FmmSettings,
+    ops: Operators,
+    near: NearField,
+    tracker: CapsTracker,
+    caps_known: bool,
+    presets: Option<PresetsStore>,
+    saved_caps: Option<Caps>,
+    warnings: Vec<String>,
+    tree: Tree,
+    multipoles: Vec<f64>,
+    locals: Vec<f64>,
+    m2l_buf: CappedBuffer,
+    p2p_buf: CappedBuffer,
+    m2l: PairList,
+    p2p: PairList,
+    acc: Vec<[f64; 3]>,
+    pot: Vec<f64>,
+}
+
+impl FmmSolver {
+    /// A solver with the given settings; `presets` names a caps presets file to start from
+    /// and to record converged caps in.
+    pub fn new(settings: FmmSettings, presets: Option<PresetsStore>) -> Self {
+        let ops = Operators::new(settings.order);
+        let near = NearField::new(settings.near_field, settings.g, settings.softening);
+        let tracker = CapsTracker::new(Caps::guess(0, settings.leaf_size), settings.caps_policy);
+        FmmSolver {
+            settings,
+            ops,
+            near,
+            tracker,
+            caps_known: false,
+            presets,
+            saved_caps: None,
+            warnings: Vec::new(),
+            tree: Tree::default(),
+            multipoles: Vec::new(),
+            locals: Vec::new(),
+            m2l_buf: CappedBuffer::default(),
+            p2p_buf: CappedBuffer::default(),
+            m2l: PairList::default(),
+            p2p: PairList::default(),
+            acc: Vec::new(),
+            pot: Vec::new(),
+        }
+    }
+
+    /// The solver's settings.
+    pub fn settings(&self) -> &FmmSettings {
+        &self.settings
+    }
+
+    /// The tree of the last evaluation (for tests and diagnostics).
+    pub fn tree(&self) -> &Tree {
+        &self.tree
+    }
+
+    /// The M2L list of the last evaluation as (target, source) cell pairs.
+    pub fn m2l_pairs(&self) -> Vec<(u32, u32)> {
+        (0..self.tree.cells.len())
+            .flat_map(|t| self.m2l.of(t).map(move |s| (t as u32, s)))
+            .collect()
+    }
+
+    fn preset_key(&self, n: usize) -> PresetKey {
+        PresetKey {
+            particles_per_rank: n as u64,
+            ranks: 1,
+            leaf_size: self.settings.leaf_size as u32,
+            order: self.settings.order as u32,
+            theta: self.settings.theta,
+            backend: "cpu".into(),
+        }
+    }
+
+    /// Accelerations and potentials of every particle (written, not added, into `acc` and
+    /// `pot`). The result depends only on the particle set, not on its order or the number
+    /// of threads.
+    pub fn evaluate(
+        &mut self,
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        id: &[u64],
+        acc: &mut [[f64; 3]],
+        pot: &mut [f64],
+    ) -> Result<FmmStats, GravityError> {
+        let n = pos.len();
+        let mut stats = FmmStats::default();
+        if n == 0 {
+            return Ok(stats);
+        }
+        if !self.caps_known {
+            self.start_caps(n);
+        }
+        let mac = self.settings.mac();
+        let len = real_len(self.settings.order);
+        // The lists of the previous evaluation lend their memory back to the buffers.
+        self.m2l_buf.give_back(std::mem::take(&mut self.m2l.pairs));
+        self.p2p_buf.give_back(std::mem::take(&mut self.p2p.pairs));
+        loop {
+            let caps = self.tracker.caps();
+            let t0 = Instant::now();
+            let built = self
+                .tree
+                .build(pos, mass, id, self.settings.leaf_size, caps.cells);
+            stats.seconds.tree += t0.elapsed().as_secs_f64();
+            if let Err(over) = built {
+                stats.retries += 1;
+                stats.overflows[CapKind::Cells as usize] += 1;
+                self.tracker.grow(CapKind::Cells, over.needed);
+                check_retries(&stats)?;
+                continue;
+            }
+            let t0 = Instant::now();
+            self.tree.compute_moments();
+            self.upward(len);
+            stats.seconds.upward += t0.elapsed().as_secs_f64();
+            let t0 = Instant::now();
+            self.m2l_buf.reset(caps.m2l_pairs);
+            self.p2p_buf.reset(caps.p2p_pairs);
+            walk(&self.tree, mac, &self.m2l_buf, &self.p2p_buf);
+            stats.seconds.traversal += t0.elapsed().as_secs_f64();
+            let over = [
+                (CapKind::M2lPairs, &self.m2l_buf),
+                (CapKind::P2pPairs, &self.p2p_buf),
+            ]
+            .into_iter()
+            .filter(|(_, b)| b.overflowed())
+            .map(|(k, b)| (k, b.needed()))
+            .collect::<Vec<_>>();
+            if !over.is_empty() {
+                stats.retries += 1;
+                for (kind, needed) in over {
+                    stats.overflows[kind as usize] += 1;
+                    self.tracker.grow(kind, needed);
+                }
+                check_retries(&stats)?;
+                continue;
+            }
+            stats.caps = caps;
+            break;
+        }
+        let cells = self.tree.cells.len();
+        stats.cells = cells;
+        stats.used = Caps {
+            cells,
+            m2l_pairs: self.m2l_buf.needed(),
+            p2p_pairs: self.p2p_buf.needed(),
+        };
+        let t0 = Instant::now();
+        self.m2l.build(self.m2l_buf.take(), cells);
+        self.p2p.build(self.p2p_buf.take(), cells);
+        stats.seconds.traversal += t0.elapsed().as_secs_f64();
+
+        let t0 = Instant::now();
+        self.m2l_pass(len);
+        stats.seconds.m2l = t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        self.l2l_pass(len);
+        self.acc.clear();
+        self.acc.resize(n, [0.0; 3]);
+        self.pot.clear();
+        self.pot.resize(n, 0.0);
+        self.l2p_pass(len);
+        stats.seconds.downward = t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        stats.p2p_interactions = self.p2p_pass();
+        stats.seconds.p2p = t0.elapsed().as_secs_f64();
+
+        for (sorted, &orig) in self.tree.order.iter().enumerate() {
+            acc[orig as usize] = self.acc[sorted];
+            pot[orig as usize] = self.pot[sorted];
+        }
+        self.tracker.settle(&stats.used);
+        self.record_presets(n);
+        Ok(stats)
+    }
+
+    fn start_caps(&mut self, n: usize) {
+        let mut caps = Caps::guess(n, self.settings.leaf_size);
+        if let Some(store) = &self.presets {
+            let (file, warning) = store.load();
+            self.warnings.extend(warning);
+            if let Some(c) = file.lookup(&self.preset_key(n)) {
+                caps = c;
+            }
+        }
+        self.tracker.set_caps(caps);
+        self.caps_known = true;
+    }
+
+    fn record_presets(&mut self, n: usize) {
+        let caps = self.tracker.caps();
+        if self.saved_caps == Some(caps) {
+            return;
+        }
+        if let Some(store) = &self.presets {
+            if let Err(e) = store.save(self.preset_key(n), caps) {
+                self.warnings.push(e);
+            }
+            self.saved_caps = Some(caps);
+        }
+    }
+
+    /// P2M at leaves, then M2M level by level towards the root.
+    fn upward(&mut self, len: usize) {
+        let p = self.settings.order;
+        let cells = self.tree.cells.len();
+        self.multipoles.clear();
+        self.multipoles.resize(cells * len, 0.0);
+        let tree = &self.tree;
+        for level in (0..tree.depth()).rev() {
+            let (lo, hi) = (tree.level_start[level], tree.level_start[level + 1]);
+            let (done, rest) = self.multipoles.split_at_mut(hi * len);
+            let this_level = &mut done[lo * len..];
+            let below: &[f64] = rest;
+            this_level.par_chunks_mut(len).enumerate().for_each_init(
+                || vec![0.0; len],
+                |scratch, (i, m)| {
+                    let cell = &tree.cells[lo + i];
+                    if cell.is_leaf() {
+                        for k in cell.begin as usize..cell.end as usize {
+                            let x = tree.pos[k];
+                            let y = [
+                                x[0] - cell.centre[0],
+                                x[1] - cell.centre[1],
+                                x[2] - cell.centre[2],
+                            ];
+                            expansion::p2m(p, y, tree.mass[k], m, scratch);
+                        }
+                    } else {
+                        for ch in cell.children() {
+                            let c = &tree.cells[ch as usize];
+                            let t = [
+                                c.centre[0] - cell.centre[0],
+                                c.centre[1] - cell.centre[1],
+                                c.centre[2] - cell.centre[2],
+                            ];
+                            let off = (ch as usize - hi) * len;
+                            expansion::m2m(p, t, &below[off..off + len], m, scratch);
+                        }
+                    }
+                },
+            );
+        }
+    }
+
+    /// Every cell's local expansion from the multipoles on its M2L list.
+    fn m2l_pass(&mut self, len: usize) {
+        let cells = self.tree.cells.len();
+        self.locals.clear();
+        self.locals.resize(cells * len, 0.0);
+        let (tree, ops, list, multipoles) = (&self.tree, &self.ops, &self.m2l, &self.multipoles);
+        let zero = vec![0.0; len];
+        self.locals
+            .par_chunks_mut(len)
+            .enumerate()
+            .with_min_len(16)
+            .for_each(|(t, local)| {
+                let target = tree.cells[t].centre;
+                let mut sources = list.of(t);
+                for _ in 0..list.len_of(t).div_ceil(M2L_LANES) {
+                    // Unused lanes get an empty multipole at a harmless offset.
+                    let mut r = [[0.0, 0.0, 1.0]; M2L_LANES];
+                    let mut m: [&[f64]; M2L_LANES] = [&zero; M2L_LANES];
+                    for (w, s) in sources.by_ref().take(M2L_LANES).enumerate() {
+                        let c = tree.cells[s as usize].centre;
+                        r[w] = [target[0] - c[0], target[1] - c[1], target[2] - c[2]];
+                        m[w] = &multipoles[s as usize * len..(s as usize + 1) * len];
+                    }
+                    ops.m2l_batch(&r, &m, local);
+                }
+            });
+    }
+
+    /// Passes local expansions down, level by level.
+    fn l2l_pass(&mut self, len: usize) {
+        let p = self.settings.order;
+        let tree = &self.tree;
+        for level in 1..tree.depth() {
+            let (lo, hi) = (tree.level_start[level], tree.level_start[level + 1]);
+            let (above, rest) = self.locals.split_at_mut(lo * len);
+            let this_level = &mut rest[..(hi - lo) * len];
+            let above: &[f64] = above;
+            this_level.par_chunks_mut(len).enumerate().for_each_init(
+                || vec![0.0; len],
+                |scratch, (i, local)| {
+                    let cell = &tree.cells[lo + i];
+                    let parent = &tree.cells[cell.parent as usize];
+                    let s = [
+                        cell.centre[0] - parent.centre[0],
+                        cell.centre[1] - parent.centre[1],
+                        cell.centre[2] - parent.centre[2],
+                    ];
+                    let off = cell.parent as usize * len;
+                    expansion::l2l(p, s, &above[off..off + len], local, scratch);
+                },
+            );
+        }
+    }
+
+    /// Splits the sorted output arrays into one (acc, pot) slice pair per leaf.
+    fn leaf_slices<'a>(
+        tree: &Tree,
+        acc: &'a mut [[f64; 3]],
+        pot: &'a mut [f64],
+    ) -> Vec<LeafOutput<'a>> {
+        let mut out = Vec::with_capacity(tree.leaves.len());
+        let (mut acc, mut pot) = (acc, pot);
+        for &leaf in &tree.leaves {
+            let n = tree.cells[leaf as usize].count();
+            let (a, ra) = acc.split_at_mut(n);
+            let (p, rp) = pot.split_at_mut(n);
+            out.push((leaf, a, p));
+            acc = ra;
+            pot = rp;
+        }
+        out
+    }
+
+    /// Evaluates each leaf's local expansion at its particles.
+    fn l2p_pass(&mut self, len: usize) {
+        let p = self.settings.order;
+        let g = self.settings.g;
+        let (tree, locals) = (&self.tree, &self.locals);
+        Self::leaf_slices(tree, &mut self.acc, &mut self.pot)
+            .into_par_iter()
+            .for_each_init(
+                || vec![0.0; len],
+                |scratch, (leaf, acc, pot)| {
+                    let cell = &tree.cells[leaf as usize];
+                    let local = &locals[leaf as usize * len..(leaf as usize + 1) * len];
+                    for (k, i) in (cell.begin as usize..cell.end as usize).enumerate() {
+                        let x = tree.pos[i];
+                        let y = [
+                            x[0] - cell.centre[0],
+                            x[1] - cell.centre[1],
+                            x[2] - cell.centre[2],
+                        ];
+                        let (phi, a) = expansion::l2p(p, y, local, scratch);
+                        acc[k] = [g * a[0], g * a[1], g * a[2]];
+                        pot[k] = -g * phi;
+                    }
+                },
+            );
+    }
+
+    /// Adds the near field; returns the particle interactions evaluated.
+    fn p2p_pass(&mut self) -> u64 {
+        let (tree, list, near) = (&self.tree, &self.p2p, &self.near);
+        Self::leaf_slices(tree, &mut self.acc, &mut self.pot)
+            .into_par_iter()
+            .map_init(NearScratch::default, |scratch, (leaf, acc, pot)| {
+                near.leaf(tree, leaf, list.of(leaf as usize), scratch, acc, pot);
+                let n = tree.cells[leaf as usize].count() as u64;
+                list.of(leaf as usize)
+                    .map(|s| n * tree.cells[s as usize].count() as u64)
+                    .sum::<u64>()
+            })
+            .sum()
+    }
+}
+
+/// Diagnostics columns of an FMM evaluation: (name, summed between rows).
+const STAT_COLUMNS: [(&str, bool); 12] = [
+    ("fmm_retries", true),
+    ("fmm_cells", false),
+    ("fmm_m2l_pairs", false),
+    ("fmm_p2p_pairs", false),
+    ("fmm_cap_m2l_pairs", false),
+    ("fmm_cap_p2p_pairs", false),
+    ("fmm_tree_s", true),
+    ("fmm_upward_s", true),
+    ("fmm_traversal_s", true),
+    ("fmm_m2l_s", true),
+    ("fmm_downward_s", true),
+    ("fmm_p2p_s", true),
+];
+
+impl FmmStats {
+    /// The figures in `STAT_COLUMNS` order.
+    fn values(&self) -> [f64; 12] {
+        let s = &self.seconds;
+        [
+            self.retries as f64,
+            self.cells as f64,
+            self.used.m2l_pairs as f64,
+            self.used.p2p_pairs as f64,
+            self.caps.m2l_pairs as f64,
+            self.caps.p2p_pairs as f64,
+            s.tree,
+            s.upward,
+            s.traversal,
+            s.m2l,
+            s.downward,
+            s.p2p,
+        ]
+    }
+}
+
+impl GravitySolver for FmmSolver {
+    fn name(&self) -> &'static str {
+        "fmm"
+    }
+
+    fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
+        check_finite(particles)?;
+        let start = Instant::now();
+        let stats = self.evaluate(
+            &particles.pos,
+            &particles.mass,
+            &particles.id,
+            &mut particles.acc,
+            &mut particles.pot,
+        )?;
+        Ok(ForceReport {
+            pair_interactions: stats.p2p_interactions,
+            seconds: start.elapsed().as_secs_f64(),
+            stats: STAT_COLUMNS
+                .iter()
+                .zip(stats.values())
+                .map(|(&(name, summed), value)| SolverStat {
+                    name,
+                    value,
+                    summed,
+                })
+                .collect(),
+        })
+    }
+
+    fn stat_names(&self) -> Vec<&'static str> {
+        STAT_COLUMNS.iter().map(|c| c.0).collect()
+    }
+
+    fn take_warnings(&mut self) -> Vec<String> {
+        std::mem::take(&mut self.warnings)
+    }
+
+    fn caps(&self) -> Option<Caps> {
+        Some(self.tracker.caps())
+    }
+
+    fn set_caps(&mut self, caps: Caps) {
+        self.tracker.set_caps(caps);
+        self.caps_known = true;
+    }
+}

@@ -1,0 +1,299 @@
+//! The octree: particles sorted by (Morton key, ID), cells as key prefixes with contiguous
+//! particle ranges, split while they hold more than `leaf_size` particles. Cells are stored
+//! level by level (breadth first) with the children of a cell contiguous, so every pass can
+//! run one level at a time in parallel.
+
+use super::morton::{BoundingCube, MAX_LEVEL, digit};
+use rayon::prelude::*;
+
+/// One octree cell.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Cell {
+    /// Expansion centre: the centre of mass.
+    pub centre: [f64; 3],
+    /// Largest distance of any of its particles from `centre` (a rigorous bounding sphere).
+    pub r_max: f64,
+    /// Total mass.
+    pub mass: f64,
+    /// First particle (in sorted order).
+    pub begin: u32,
+    /// One past the last particle.
+    pub end: u32,
+    /// Index of the first child (children are contiguous); unused for leaves.
+    pub first_child: u32,
+    /// Number of children; 0 for a leaf.
+    pub child_count: u8,
+    /// Depth (root = 0).
+    pub level: u8,
+    /// Index of the parent (the root points to itself).
+    pub parent: u32,
+}
+
+impl Cell {
+    /// True when the cell has no children.
+    #[inline]
+    pub fn is_leaf(&self) -> bool {
+        self.child_count == 0
+    }
+
+    /// Particles in the cell.
+    #[inline]
+    pub fn count(&self) -> usize {
+        (self.end - self.begin) as usize
+    }
+
+    /// Indices of the children.
+    #[inline]
+    pub fn children(&self) -> std::ops::Range<u32> {
+        self.first_child..self.first_child + self.child_count as u32
+    }
+}
+
+/// Particles in tree order plus the cells over them.
+#[derive(Debug, Default)]
+pub struct Tree {
+    /// Cells, breadth first.
+    pub cells: Vec<Cell>,
+    /// `cells[level_start[l]..level_start[l + 1]]` are the cells of level `l`.
+    pub level_start: Vec<usize>,
+    /// Leaf cell indices, in particle order.
+    pub leaves: Vec<u32>,
+    /// Sorted position → index in the caller's arrays.
+    pub order: Vec<u32>,
+    /// Positions in sorted order.
+    pub pos: Vec<[f64; 3]>,
+    /// Masses in sorted order.
+    pub mass: Vec<f64>,
+    keys: Vec<u64>,
+}
+
+/// The tree needed more cells than its cap allowed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CellsOverflow {
+    /// At least this many cells are needed.
+    pub needed: usize,
+}
+
+impl Tree {
+    /// Sorts the particles by (key, id) and builds the cells, reusing this tree's buffers.
+    /// Fails without building when the tree would exceed `cells_cap` cells.
+    pub fn build(
+        &mut self,
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        id: &[u64],
+        leaf_size: usize,
+        cells_cap: usize,
+    ) -> Result<(), CellsOverflow> {
+        let n = pos.len();
+        let (lo, hi) = pos
+            .par_iter()
+            .fold(
+                || ([f64::MAX; 3], [f64::MIN; 3]),
+                |(mut lo, mut hi), x| {
+                    for k in 0..3 {
+                        lo[k] = lo[k].min(x[k]);
+                        hi[k] = hi[k].max(x[k]);
+                    }
+                    (lo, hi)
+                },
+            )
+            .reduce(
+                || ([f64::MAX; 3], [f64::MIN; 3]),
+                |a, b| {
+                    (
+                        [a.0[0].min(b.0[0]), a.0[1].min(b.0[1]), a.0[2].min(b.0[2])],
+                        [a.1[0].max(b.1[0]), a.1[1].max(b.1[1]), a.1[2].max(b.1[2])],
+                    )
+                },
+            );
+        let cube = BoundingCube::around(lo, hi);
+        let mut sort_keys: Vec<(u64, u32)> = (0..n)
+            .into_par_iter()
+            .map(|i| (cube.key(pos[i]), i as u32))
+            .collect();
+        sort_keys
+            .par_sort_unstable_by(|a, b| (a.0, id[a.1 as usize]).cmp(&(b.0, id[b.1 as usize])));
+        self.order.clear();
+        self.order.extend(sort_keys.iter().map(|k| k.1));
+        self.keys.clear();
+        self.keys.extend(sort_keys.iter().map(|k| k.0));
+        drop(sort_keys);
+        self.pos.clear();
+        self.pos.extend(self.order.iter().map(|&i| pos[i as usize]));
+        self.mass.clear();
+        self.mass
+            .extend(self.order.iter().map(|&i| mass[i as usize]));
+        self.build_cells(leaf_size.max(1), cells_cap)
+    }
+
+    fn build_cells(&mut self, leaf_size: usize, cap: usize) -> Result<(), CellsOverflow> {
+        self.cells.clear();
+        self.level_start.clear();
+        self.leaves.clear();
+        let n = self.keys.len();
+        if cap == 0 {
+            return Err(CellsOverflow { needed: 1 });
+        }
+        self.cells.push(Cell {
+            begin: 0,
+            end: n as u32,
+            ..Cell::default()
+        });
+        self.level_start.push(0);
+        let mut i = 0;
+        while i < self.cells.len() {
+            let cell = self.cells[i];
+            let level = cell.level as u32;
+            if cell.count() > leaf_size && level < MAX_LEVEL {
+                let first = self.cells.len();
+                if self.level_start.len() == cell.level as usize + 1 {
+                    self.level_start.push(first);
+                }
+                let keys = &self.keys[cell.begin as usize..cell.end as usize];
+                let mut start = 0;
+                let mut children = 0u8;
+                for d in 0..8u64 {
+                    let stop = start + keys[start..].partition_point(|&k| digit(k, level + 1) <= d);
+                    if stop > start {
+                        if self.cells.len() == cap {
+                            return Err(CellsOverflow { needed: cap + 1 });
+                        }
+                        self.cells.push(Cell {
+                            begin: cell.begin + start as u32,
+                            end: cell.begin + stop as u32,
+                            level: cell.level + 1,
+                            parent: i as u32,
+                            ..Cell::default()
+                        });
+                        children += 1;
+                    }
+                    start = stop;
+                }
+                self.cells[i].first_child = first as u32;
+                self.cells[i].child_count = children;
+            }
+            i += 1;
+        }
+        self.level_start.push(self.cells.len());
+        // Leaves in particle order: every leaf's range follows the previous one's.
+        let mut leaves: Vec<u32> = (0..self.cells.len() as u32)
+            .filter(|&c| self.cells[c as usize].is_leaf())
+            .collect();
+        leaves.sort_by_key(|&c| self.cells[c as usize].begin);
+        self.leaves = leaves;
+        Ok(())
+    }
+
+    /// Number of levels.
+    pub fn depth(&self) -> usize {
+        self.level_start.len() - 1
+    }
+
+    /// Fills mass, centre of mass and exact r_max of every cell, deepest level first.
+    pub fn compute_moments(&mut self) {
+        for level in (0..self.depth()).rev() {
+            let (lo, hi) = (self.level_start[level], self.level_start[level + 1]);
+            let (done, rest) = self.cells.split_at_mut(hi);
+            let (_, this_level) = done.split_at_mut(lo);
+            let children: &[Cell] = rest;
+            let (pos, mass) = (&self.pos, &self.mass);
+            this_level.par_iter_mut().for_each(|cell| {
+                let (b, e) = (cell.begin as usize, cell.end as usize);
+                let (m, c) = if cell.is_leaf() {
+                    let mut m = 0.0;
+                    let mut s = [0.0; 3];
+                    for i in b..e {
+                        m += mass[i];
+                        for k in 0..3 {
+                            s[k] += mass[i] * pos[i][k];
+                        }
+                    }
+                    (m, s)
+                } else {
+                    let mut m = 0.0;
+                    let mut s = [0.0; 3];
+                    for ch in cell.children() {
+                        let child = &children[ch as usize - hi];
+                        m += child.mass;
+                        for k in 0..3 {
+                            s[k] += child.mass * child.centre[k];
+                        }
+                    }
+                    (m, s)
+                };
+                cell.mass = m;
+                cell.centre = [c[0] / m, c[1] / m, c[2] / m];
+                let mut r2: f64 = 0.0;
+                for x in &pos[b..e] {
+                    let d = [
+                        x[0] - cell.centre[0],
+                        x[1] - cell.centre[1],
+                        x[2] - cell.centre[2],
+                    ];
+                    r2 = r2.max(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]);
+                }
+                cell.r_max = r2.sqrt();
+            });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cloud(n: usize) -> (Vec<[f64; 3]>, Vec<f64>, Vec<u64>) {
+        let mut s = 3u64;
+        let mut rnd = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let pos: Vec<[f64; 3]> = (0..n).map(|_| [rnd(), rnd().powi(3), rnd()]).collect();
+        let mass = (0..n).map(|_| 0.5 + rnd()).collect();
+        (pos, mass, (0..n as u64).collect())
+    }
+
+    #[test]
+    fn cells_partition_particles_and_bound_them() {
+        let (pos, mass, id) = cloud(5000);
+        let mut t = Tree::default();
+        t.build(&pos, &mass, &id, 16, 100_000).unwrap();
+        t.compute_moments();
+        // Leaves partition the particles in order.
+        let mut next = 0;
+        for &l in &t.leaves {
+            let c = t.cells[l as usize];
+            assert_eq!(c.begin, next);
+            assert!(c.count() <= 16 && c.count() > 0);
+            next = c.end;
+        }
+        assert_eq!(next as usize, pos.len());
+        // r_max bounds every particle; children cover their parent.
+        for c in &t.cells {
+            for x in &t.pos[c.begin as usize..c.end as usize] {
+                let d = ((x[0] - c.centre[0]).powi(2)
+                    + (x[1] - c.centre[1]).powi(2)
+                    + (x[2] - c.centre[2]).powi(2))
+                .sqrt();
+                assert!(d <= c.r_max);
+            }
+            if !c.is_leaf() {
+                let n: usize = c.children().map(|ch| t.cells[ch as usize].count()).sum();
+                assert_eq!(n, c.count());
+            }
+        }
+        let total: f64 = mass.iter().sum();
+        assert!((t.cells[0].mass - total).abs() < 1e-9 * total);
+    }
+
+    #[test]
+    fn overflow_is_reported() {
+        let (pos, mass, id) = cloud(2000);
+        let mut t = Tree::default();
+        assert!(t.build(&pos, &mass, &id, 8, 10).is_err());
+        assert!(t.build(&pos, &mass, &id, 8, 100_000).is_ok());
+    }
+}
