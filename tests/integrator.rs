@@ -58,7 +58,13 @@ fn adaptive_step_conserves_energy_and_momentum_over_ten_crossing_times() {
     assert!(t_end > 10.0 * t_cross);
     // The Plummer kernel keeps this long direct-summation run cheap; the integrator does not
     // depend on the kernel.
-    let d = run_with("adaptive", t_end, 1.0 / 16.0, "eta = 0.01", "kernel = \"plummer\"");
+    let d = run_with(
+        "adaptive",
+        t_end,
+        1.0 / 16.0,
+        "eta = 0.01",
+        "kernel = \"plummer\"",
+    );
     let de = max_abs(&d.column("rel_energy_error"));
     let steps = d.rows.len() - 1;
     eprintln!("eta = 0.01: {steps} steps, max |dE/E| = {de:e}");

@@ -112,16 +112,6 @@ pub fn irregular(p: usize, x: [f64; 3], out: &mut [f64]) {
     }
 }
 
-/// P2M: adds the multipole of point masses `q` at offsets `y` (from the expansion centre).
-/// `scratch` has length `real_len(p)`.
-pub fn p2m(p: usize, y: [f64; 3], q: f64, multipole: &mut [f64], scratch: &mut [f64]) {
-    regular(p, y, scratch);
-    for k in 0..complex_len(p) {
-        multipole[2 * k] += q * scratch[2 * k];
-        multipole[2 * k + 1] -= q * scratch[2 * k + 1];
-    }
-}
-
 /// M2M: adds the child multipole `child`, centred at parent centre + `t`, to `parent`.
 pub fn m2m(p: usize, t: [f64; 3], child: &[f64], parent: &mut [f64], scratch: &mut [f64]) {
     regular(p, t, scratch);
@@ -171,40 +161,6 @@ pub fn l2l(p: usize, s: [f64; 3], parent: &[f64], child: &mut [f64], scratch: &m
             child[2 * c + 1] += im;
         }
     }
-}
-
-/// L2P: potential factor and acceleration factor at offset `x` from the expansion centre:
-/// the potential is `-G * pot` and the acceleration `G * acc`.
-pub fn l2p(p: usize, x: [f64; 3], local: &[f64], scratch: &mut [f64]) -> (f64, [f64; 3]) {
-    regular(p, x, scratch);
-    // Φ/(-G) = Σ conj(R_k^l) L_k^l over all l; pairs ±l give 2 Re(conj(R) L).
-    let mut pot = 0.0;
-    for k in 0..=p {
-        for l in 0..=k {
-            let c = cidx(k, l);
-            let v = scratch[2 * c] * local[2 * c] + scratch[2 * c + 1] * local[2 * c + 1];
-            pot += if l == 0 { v } else { 2.0 * v };
-        }
-    }
-    // L'_1^i = Σ_{k>=1} Σ_l conj(R_{k-1}^{l-i}(x)) L_k^l for i = 0, 1.
-    let mut l10 = 0.0;
-    let (mut l11r, mut l11i) = (0.0, 0.0);
-    for k in 1..=p {
-        let d = k - 1;
-        for l in -(k as isize)..=(k as isize) {
-            let (lr, li) = get(local, k, l);
-            if l.unsigned_abs() <= d {
-                let (rr, ri) = get(scratch, d, l);
-                l10 += lr * rr + li * ri;
-            }
-            if (l - 1).unsigned_abs() <= d {
-                let (rr, ri) = get(scratch, d, l - 1);
-                l11r += lr * rr + li * ri;
-                l11i += li * rr - lr * ri;
-            }
-        }
-    }
-    (pot, [-l11r, -l11i, l10])
 }
 
 /// A sparse real matrix acting on one degree's real coefficient vector
@@ -261,8 +217,8 @@ pub struct Operators {
     unswap_local_flat: SparseRows,
     /// (n + k)! for n + k <= p.
     factorial: Vec<f64>,
-    /// The batched M2L entry point for this CPU.
-    batch_kernel: BatchKernel,
+    /// The lane-batched kernels for this CPU.
+    kernels: LaneKernels,
 }
 
 /// The swap rotation S: the cyclic permutation (x, y, z) -> (z, x, y), a proper rotation
@@ -297,7 +253,7 @@ impl Operators {
             unswap_local_flat: SparseRows::new(p, &unswap_local),
             swap,
             factorial,
-            batch_kernel: select_batch_kernel(),
+            kernels: select_lane_kernels(),
         }
     }
 
@@ -321,23 +277,33 @@ impl Operators {
         multipoles: &[&[f64]; M2L_LANES],
         local: &mut [f64],
     ) {
-        macro_rules! dispatch {
-            ($($p:literal)*) => {
-                match self.p {
-                    $($p => (self.batch_kernel)(self, r, multipoles, local, $p),)*
-                    _ => unreachable!("orders are checked when the operators are built"),
-                }
-            };
-        }
-        dispatch!(1 2 3 4 5 6 7 8 9 10 11 12)
+        // SAFETY: the kernels were selected for features this CPU has.
+        unsafe { (self.kernels.m2l)(self, r, multipoles, local, self.p) }
+    }
+
+    /// Batched L2P: for each of `M2L_LANES` offsets `x` from the expansion centre, the
+    /// potential factor and acceleration factors `[pot, ax, ay, az]` (potential `-G pot`,
+    /// acceleration `G a`). Unused lanes may hold any finite offset.
+    pub fn l2p_batch(&self, x: &[[f64; 3]; M2L_LANES], local: &[f64]) -> [[f64; 4]; M2L_LANES] {
+        // SAFETY: the kernels were selected for features this CPU has.
+        unsafe { (self.kernels.l2p)(x, local, self.p) }
+    }
+
+    /// Batched P2M: adds the multipole of up to `M2L_LANES` point masses `q` at offsets `y`
+    /// from the expansion centre (unused lanes: `q = 0`).
+    pub fn p2m_batch(
+        &self,
+        y: &[[f64; 3]; M2L_LANES],
+        q: &[f64; M2L_LANES],
+        multipole: &mut [f64],
+    ) {
+        // SAFETY: the kernels were selected for features this CPU has.
+        unsafe { (self.kernels.p2m)(y, q, multipole, self.p) }
     }
 }
 
 /// Multipoles translated together by `Operators::m2l_batch`.
 pub const M2L_LANES: usize = 8;
-
-/// Signature of the batched M2L kernel entry points.
-type BatchKernel = fn(&Operators, &[[f64; 3]; M2L_LANES], &[&[f64]; M2L_LANES], &mut [f64], usize);
 
 /// Lane-vector of f64.
 type V = [f64; M2L_LANES];
@@ -434,7 +400,7 @@ fn apply_lanes(m: &SparseRows, len: usize, v: &[V], out: &mut [V]) {
         for e in m.start[r] as usize..m.start[r + 1] as usize {
             let (a, src) = (m.val[e], &v[m.col[e] as usize]);
             for w in 0..M2L_LANES {
-                sum[w] += a * src[w];
+                sum[w] = a.mul_add(src[w], sum[w]);
             }
         }
         *row = sum;
@@ -460,56 +426,240 @@ fn rotate_z_lanes<const P: usize>(v: &mut [V], c: &V, s: &V) {
     }
 }
 
-/// Builds the entry point of the batched kernel for each order, specialised for the
-/// widest instruction set the CPU supports (the same bits on every path: no FMA contraction
-/// and a fixed operation order).
-fn select_batch_kernel() -> BatchKernel {
-    macro_rules! orders {
-        ($attr:meta, $name:ident) => {
-            #[$attr]
+/// Entry points of the lane-batched kernels (M2L, L2P, P2M) for this CPU.
+#[derive(Debug, Clone, Copy)]
+struct LaneKernels {
+    m2l: M2lKernel,
+    l2p: L2pKernel,
+    p2m: P2mKernel,
+}
+
+type M2lKernel =
+    unsafe fn(&Operators, &[[f64; 3]; M2L_LANES], &[&[f64]; M2L_LANES], &mut [f64], usize);
+type L2pKernel = unsafe fn(&[[f64; 3]; M2L_LANES], &[f64], usize) -> [[f64; 4]; M2L_LANES];
+type P2mKernel = unsafe fn(&[[f64; 3]; M2L_LANES], &[f64; M2L_LANES], &mut [f64], usize);
+
+/// Calls `$f::<P, real_len(P)>($args)` for the runtime order `$p`.
+macro_rules! by_order {
+    ($p:expr, $f:ident, $($arg:expr),*) => {
+        match $p {
+            1 => $f::<1, 6>($($arg),*),
+            2 => $f::<2, 12>($($arg),*),
+            3 => $f::<3, 20>($($arg),*),
+            4 => $f::<4, 30>($($arg),*),
+            5 => $f::<5, 42>($($arg),*),
+            6 => $f::<6, 56>($($arg),*),
+            7 => $f::<7, 72>($($arg),*),
+            8 => $f::<8, 90>($($arg),*),
+            9 => $f::<9, 110>($($arg),*),
+            10 => $f::<10, 132>($($arg),*),
+            11 => $f::<11, 156>($($arg),*),
+            _ => $f::<12, 182>($($arg),*),
+        }
+    };
+}
+
+/// Defines the three lane kernels compiled with one set of target features.
+macro_rules! lane_kernels {
+    ($attr:meta, $set:ident) => {
+        /// The lane kernels compiled for one instruction set; callers must make sure the CPU
+        /// supports its features.
+        mod $set {
+            use super::*;
+
             /// # Safety
             /// The CPU must support the enabled features.
-            unsafe fn $name(
+            #[$attr]
+            pub(super) unsafe fn m2l(
                 ops: &Operators,
                 r: &[[f64; 3]; M2L_LANES],
                 m: &[&[f64]; M2L_LANES],
                 l: &mut [f64],
                 p: usize,
             ) {
-                match p {
-                    1 => m2l_lanes::<1, 6>(ops, r, m, l),
-                    2 => m2l_lanes::<2, 12>(ops, r, m, l),
-                    3 => m2l_lanes::<3, 20>(ops, r, m, l),
-                    4 => m2l_lanes::<4, 30>(ops, r, m, l),
-                    5 => m2l_lanes::<5, 42>(ops, r, m, l),
-                    6 => m2l_lanes::<6, 56>(ops, r, m, l),
-                    7 => m2l_lanes::<7, 72>(ops, r, m, l),
-                    8 => m2l_lanes::<8, 90>(ops, r, m, l),
-                    9 => m2l_lanes::<9, 110>(ops, r, m, l),
-                    10 => m2l_lanes::<10, 132>(ops, r, m, l),
-                    11 => m2l_lanes::<11, 156>(ops, r, m, l),
-                    _ => m2l_lanes::<12, 182>(ops, r, m, l),
-                }
+                by_order!(p, m2l_lanes, ops, r, m, l)
             }
-        };
-    }
+
+            /// # Safety
+            /// The CPU must support the enabled features.
+            #[$attr]
+            pub(super) unsafe fn l2p(
+                x: &[[f64; 3]; M2L_LANES],
+                local: &[f64],
+                p: usize,
+            ) -> [[f64; 4]; M2L_LANES] {
+                by_order!(p, l2p_lanes, x, local)
+            }
+
+            /// # Safety
+            /// The CPU must support the enabled features.
+            #[$attr]
+            pub(super) unsafe fn p2m(
+                y: &[[f64; 3]; M2L_LANES],
+                q: &[f64; M2L_LANES],
+                multipole: &mut [f64],
+                p: usize,
+            ) {
+                by_order!(p, p2m_lanes, y, q, multipole)
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+lane_kernels!(target_feature(enable = "avx512f,avx2,fma"), avx512);
+#[cfg(target_arch = "x86_64")]
+lane_kernels!(target_feature(enable = "avx2,fma"), avx2);
+lane_kernels!(inline, portable);
+
+/// The widest build of the lane kernels this CPU runs. Every build gives the same bits: no
+/// FMA contraction and a fixed operation order.
+fn select_lane_kernels() -> LaneKernels {
     #[cfg(target_arch = "x86_64")]
     {
-        orders!(target_feature(enable = "avx512f,avx2,fma"), avx512);
-        orders!(target_feature(enable = "avx2,fma"), avx2);
         if std::arch::is_x86_feature_detected!("avx512f") {
-            // SAFETY: the feature was just detected.
-            return |o, r, m, l, p| unsafe { avx512(o, r, m, l, p) };
+            return LaneKernels {
+                m2l: avx512::m2l,
+                l2p: avx512::l2p,
+                p2m: avx512::p2m,
+            };
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
-            // SAFETY: the features were just detected.
-            return |o, r, m, l, p| unsafe { avx2(o, r, m, l, p) };
+            return LaneKernels {
+                m2l: avx2::m2l,
+                l2p: avx2::l2p,
+                p2m: avx2::p2m,
+            };
         }
     }
-    orders!(inline, portable);
-    // SAFETY: no features are required.
-    |o, r, m, l, p| unsafe { portable(o, r, m, l, p) }
+    LaneKernels {
+        m2l: portable::m2l,
+        l2p: portable::l2p,
+        p2m: portable::p2m,
+    }
+}
+
+/// Regular solid harmonics of `M2L_LANES` points at once, lane by lane (see `regular`).
+#[inline(always)]
+fn regular_lanes<const P: usize, const LEN: usize>(x: &[[f64; 3]; M2L_LANES]) -> [V; LEN] {
+    const W: usize = M2L_LANES;
+    let mut out = [[0.0f64; W]; LEN];
+    let (mut z, mut r2, mut xr, mut xi) = ([0.0; W], [0.0; W], [0.0; W], [0.0; W]);
+    for w in 0..W {
+        (xr[w], xi[w], z[w]) = (x[w][0], x[w][1], x[w][2]);
+        r2[w] = xr[w] * xr[w] + xi[w] * xi[w] + z[w] * z[w];
+    }
+    out[0] = [1.0; W];
+    for m in 0..=P {
+        let d = cidx(m, m);
+        if m > 0 {
+            let prev = cidx(m - 1, m - 1);
+            let f = -1.0 / (2.0 * m as f64);
+            for w in 0..W {
+                let (pr, pi) = (out[2 * prev][w], out[2 * prev + 1][w]);
+                out[2 * d][w] = f * (xr[w] * pr - xi[w] * pi);
+                out[2 * d + 1][w] = f * (xr[w] * pi + xi[w] * pr);
+            }
+        }
+        if m < P {
+            let k = cidx(m + 1, m);
+            for w in 0..W {
+                out[2 * k][w] = z[w] * out[2 * d][w];
+                out[2 * k + 1][w] = z[w] * out[2 * d + 1][w];
+            }
+        }
+        for n in m + 2..=P {
+            let (k, a, b) = (cidx(n, m), cidx(n - 1, m), cidx(n - 2, m));
+            let inv = 1.0 / (((n - m) * (n + m)) as f64);
+            let c1 = (2 * n - 1) as f64;
+            for w in 0..W {
+                let cz = c1 * z[w];
+                out[2 * k][w] = (cz * out[2 * a][w] - r2[w] * out[2 * b][w]) * inv;
+                out[2 * k + 1][w] = (cz * out[2 * a + 1][w] - r2[w] * out[2 * b + 1][w]) * inv;
+            }
+        }
+    }
+    out
+}
+
+/// Coefficient (n, m) of a lane array for any m in -n..=n (real-source symmetry).
+#[inline(always)]
+fn get_lanes(c: &[V], n: usize, m: isize) -> (V, V) {
+    let k = cidx(n, m.unsigned_abs());
+    let (re, im) = (c[2 * k], c[2 * k + 1]);
+    if m >= 0 {
+        (re, im)
+    } else if m % 2 == 0 {
+        (re, im.map(|x| -x))
+    } else {
+        (re.map(|x| -x), im)
+    }
+}
+
+/// L2P for `M2L_LANES` points sharing one local expansion: per lane `[pot, ax, ay, az]` with
+/// the potential `-G pot` and the acceleration `G a`:
+/// Φ/(-G) = Σ conj(R_k^l(x)) L_k^l, and the gradient from
+/// L'_1^i = Σ_{k>=1} Σ_l conj(R_{k-1}^{l-i}(x)) L_k^l (i = 0, 1).
+#[inline(always)]
+fn l2p_lanes<const P: usize, const LEN: usize>(
+    x: &[[f64; 3]; M2L_LANES],
+    local: &[f64],
+) -> [[f64; 4]; M2L_LANES] {
+    const W: usize = M2L_LANES;
+    let r = regular_lanes::<P, LEN>(x);
+    let mut pot = [0.0f64; W];
+    for k in 0..=P {
+        for l in 0..=k {
+            let c = cidx(k, l);
+            let wgt = if l == 0 { 1.0 } else { 2.0 };
+            let (lr, li) = (wgt * local[2 * c], wgt * local[2 * c + 1]);
+            for w in 0..W {
+                pot[w] += r[2 * c][w] * lr + r[2 * c + 1][w] * li;
+            }
+        }
+    }
+    let (mut l10, mut l11r, mut l11i) = ([0.0f64; W], [0.0f64; W], [0.0f64; W]);
+    for k in 1..=P {
+        let d = k - 1;
+        for l in -(k as isize)..=(k as isize) {
+            let (lr, li) = get(local, k, l);
+            if l.unsigned_abs() <= d {
+                let (rr, ri) = get_lanes(&r, d, l);
+                for w in 0..W {
+                    l10[w] += lr * rr[w] + li * ri[w];
+                }
+            }
+            if (l - 1).unsigned_abs() <= d {
+                let (rr, ri) = get_lanes(&r, d, l - 1);
+                for w in 0..W {
+                    l11r[w] += lr * rr[w] + li * ri[w];
+                    l11i[w] += li * rr[w] - lr * ri[w];
+                }
+            }
+        }
+    }
+    std::array::from_fn(|w| [pot[w], -l11r[w], -l11i[w], l10[w]])
+}
+
+/// P2M for `M2L_LANES` points with masses `q` (zero for unused lanes): M += Σ q conj(R(y)),
+/// summed over the lanes in a fixed order.
+#[inline(always)]
+fn p2m_lanes<const P: usize, const LEN: usize>(
+    y: &[[f64; 3]; M2L_LANES],
+    q: &[f64; M2L_LANES],
+    multipole: &mut [f64],
+) {
+    let r = regular_lanes::<P, LEN>(y);
+    for c in 0..LEN / 2 {
+        let (mut re, mut im) = (0.0, 0.0);
+        for w in 0..M2L_LANES {
+            re += q[w] * r[2 * c][w];
+            im -= q[w] * r[2 * c + 1][w];
+        }
+        multipole[2 * c] += re;
+        multipole[2 * c + 1] += im;
+    }
 }
 
 /// Largest supported expansion order.
@@ -611,6 +761,63 @@ fn local_transpose(block: &SparseBlock) -> SparseBlock {
 mod tests {
     use super::*;
 
+    // Scalar reference implementations of the batched kernels.
+
+    /// P2M: adds the multipole of point masses `q` at offsets `y` (from the expansion centre).
+    /// `scratch` has length `real_len(p)`.
+    pub(super) fn p2m_reference(
+        p: usize,
+        y: [f64; 3],
+        q: f64,
+        multipole: &mut [f64],
+        scratch: &mut [f64],
+    ) {
+        regular(p, y, scratch);
+        for k in 0..complex_len(p) {
+            multipole[2 * k] += q * scratch[2 * k];
+            multipole[2 * k + 1] -= q * scratch[2 * k + 1];
+        }
+    }
+
+    /// L2P: potential factor and acceleration factor at offset `x` from the expansion centre:
+    /// the potential is `-G * pot` and the acceleration `G * acc`.
+    pub(super) fn l2p_reference(
+        p: usize,
+        x: [f64; 3],
+        local: &[f64],
+        scratch: &mut [f64],
+    ) -> (f64, [f64; 3]) {
+        regular(p, x, scratch);
+        // Φ/(-G) = Σ conj(R_k^l) L_k^l over all l; pairs ±l give 2 Re(conj(R) L).
+        let mut pot = 0.0;
+        for k in 0..=p {
+            for l in 0..=k {
+                let c = cidx(k, l);
+                let v = scratch[2 * c] * local[2 * c] + scratch[2 * c + 1] * local[2 * c + 1];
+                pot += if l == 0 { v } else { 2.0 * v };
+            }
+        }
+        // L'_1^i = Σ_{k>=1} Σ_l conj(R_{k-1}^{l-i}(x)) L_k^l for i = 0, 1.
+        let mut l10 = 0.0;
+        let (mut l11r, mut l11i) = (0.0, 0.0);
+        for k in 1..=p {
+            let d = k - 1;
+            for l in -(k as isize)..=(k as isize) {
+                let (lr, li) = get(local, k, l);
+                if l.unsigned_abs() <= d {
+                    let (rr, ri) = get(scratch, d, l);
+                    l10 += lr * rr + li * ri;
+                }
+                if (l - 1).unsigned_abs() <= d {
+                    let (rr, ri) = get(scratch, d, l - 1);
+                    l11r += lr * rr + li * ri;
+                    l11i += li * rr - lr * ri;
+                }
+            }
+        }
+        (pot, [-l11r, -l11i, l10])
+    }
+
     fn cloud(n: usize, scale: f64, seed: u64) -> Vec<([f64; 3], f64)> {
         let mut s = seed;
         let mut rnd = move || {
@@ -642,7 +849,7 @@ mod tests {
         let mut m = vec![0.0; real_len(p)];
         let mut s = vec![0.0; real_len(p)];
         for &(y, q) in src {
-            p2m(
+            p2m_reference(
                 p,
                 [y[0] - centre[0], y[1] - centre[1], y[2] - centre[2]],
                 q,
@@ -752,7 +959,7 @@ mod tests {
             let mut worst: f64 = 0.0;
             for &(t, _) in &targets {
                 let x = [t[0] + cc[0], t[1] + cc[1], t[2] + cc[2]];
-                let (pot, acc) = l2p(p, t, &child, &mut scratch);
+                let (pot, acc) = l2p_reference(p, t, &child, &mut scratch);
                 let (ep, ea) = direct(&src, x);
                 let an = (ea[0] * ea[0] + ea[1] * ea[1] + ea[2] * ea[2]).sqrt();
                 let err = ((acc[0] - ea[0]).powi(2)
@@ -816,6 +1023,52 @@ mod tests {
                         "p={p} r={r:?} coefficient {c}: {} vs {}",
                         rotated[c],
                         plain[c]
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod lane_tests {
+    use super::*;
+
+    #[test]
+    fn batched_p2m_and_l2p_match_the_scalar_references() {
+        for p in [1, 4, 7, 12] {
+            let ops = Operators::new(p);
+            let len = real_len(p);
+            let pts: [[f64; 3]; M2L_LANES] = std::array::from_fn(|w| {
+                [
+                    0.1 * w as f64 - 0.3,
+                    0.05 * (w * w) as f64 - 0.2,
+                    0.3 - 0.07 * w as f64,
+                ]
+            });
+            let q: [f64; M2L_LANES] = std::array::from_fn(|w| 0.5 + 0.1 * w as f64);
+            let mut batched = vec![0.0; len];
+            ops.p2m_batch(&pts, &q, &mut batched);
+            let mut scalar = vec![0.0; len];
+            let mut scratch = vec![0.0; len];
+            for w in 0..M2L_LANES {
+                tests::p2m_reference(p, pts[w], q[w], &mut scalar, &mut scratch);
+            }
+            let scale = scalar.iter().fold(0.0f64, |a, x| a.max(x.abs()));
+            for c in 0..len {
+                assert!(
+                    (batched[c] - scalar[c]).abs() <= 1e-14 * scale,
+                    "p={p} P2M coefficient {c}"
+                );
+            }
+            let out = ops.l2p_batch(&pts, &scalar);
+            for w in 0..M2L_LANES {
+                let (pot, a) = tests::l2p_reference(p, pts[w], &scalar, &mut scratch);
+                let want = [pot, a[0], a[1], a[2]];
+                for k in 0..4 {
+                    assert!(
+                        (out[w][k] - want[k]).abs() <= 1e-13 * want[k].abs().max(1e-3),
+                        "p={p} L2P lane {w} component {k}"
                     );
                 }
             }

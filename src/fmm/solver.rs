@@ -91,6 +91,12 @@ pub struct FmmStats {
     pub cells: usize,
 }
 
+/// `a - b`.
+#[inline]
+fn sub(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
+    [a[0] - b[0], a[1] - b[1], a[2] - b[2]]
+}
+
 /// A leaf and the slices of the sorted output arrays that belong to its particles.
 type LeafOutput<'a> = (u32, &'a mut [[f64; 3]], &'a mut [f64]);
 
@@ -351,7 +357,7 @@ impl FmmSolver {
         let cells = self.tree.cells.len();
         self.multipoles.clear();
         self.multipoles.resize(cells * len, 0.0);
-        let tree = &self.tree;
+        let (tree, ops) = (&self.tree, &self.ops);
         for level in (0..tree.depth()).rev() {
             let (lo, hi) = (tree.level_start[level], tree.level_start[level + 1]);
             let (done, rest) = self.multipoles.split_at_mut(hi * len);
@@ -362,14 +368,16 @@ impl FmmSolver {
                 |scratch, (i, m)| {
                     let cell = &tree.cells[lo + i];
                     if cell.is_leaf() {
-                        for k in cell.begin as usize..cell.end as usize {
-                            let x = tree.pos[k];
-                            let y = [
-                                x[0] - cell.centre[0],
-                                x[1] - cell.centre[1],
-                                x[2] - cell.centre[2],
-                            ];
-                            expansion::p2m(p, y, tree.mass[k], m, scratch);
+                        let range = cell.begin as usize..cell.end as usize;
+                        for (x, q) in tree.pos[range.clone()]
+                            .chunks(M2L_LANES)
+                            .zip(tree.mass[range].chunks(M2L_LANES))
+                        {
+                            let y = std::array::from_fn(|w| {
+                                x.get(w).map_or([0.0; 3], |x| sub(*x, cell.centre))
+                            });
+                            let q = std::array::from_fn(|w| q.get(w).copied().unwrap_or(0.0));
+                            ops.p2m_batch(&y, &q, m);
                         }
                     } else {
                         for ch in cell.children() {
@@ -463,29 +471,26 @@ impl FmmSolver {
 
     /// Evaluates each leaf's local expansion at its particles.
     fn l2p_pass(&mut self, len: usize) {
-        let p = self.settings.order;
         let g = self.settings.g;
-        let (tree, locals) = (&self.tree, &self.locals);
+        let (tree, locals, ops) = (&self.tree, &self.locals, &self.ops);
         Self::leaf_slices(tree, &mut self.acc, &mut self.pot)
             .into_par_iter()
-            .for_each_init(
-                || vec![0.0; len],
-                |scratch, (leaf, acc, pot)| {
-                    let cell = &tree.cells[leaf as usize];
-                    let local = &locals[leaf as usize * len..(leaf as usize + 1) * len];
-                    for (k, i) in (cell.begin as usize..cell.end as usize).enumerate() {
-                        let x = tree.pos[i];
-                        let y = [
-                            x[0] - cell.centre[0],
-                            x[1] - cell.centre[1],
-                            x[2] - cell.centre[2],
-                        ];
-                        let (phi, a) = expansion::l2p(p, y, local, scratch);
-                        acc[k] = [g * a[0], g * a[1], g * a[2]];
-                        pot[k] = -g * phi;
+            .for_each(|(leaf, acc, pot)| {
+                let cell = &tree.cells[leaf as usize];
+                let local = &locals[leaf as usize * len..(leaf as usize + 1) * len];
+                let particles = &tree.pos[cell.begin as usize..cell.end as usize];
+                for (b, x) in particles.chunks(M2L_LANES).enumerate() {
+                    let y = std::array::from_fn(|w| {
+                        x.get(w).map_or([0.0; 3], |x| sub(*x, cell.centre))
+                    });
+                    let out = ops.l2p_batch(&y, local);
+                    for (w, o) in out.iter().take(x.len()).enumerate() {
+                        let k = b * M2L_LANES + w;
+                        acc[k] = [g * o[1], g * o[2], g * o[3]];
+                        pot[k] = -g * o[0];
                     }
-                },
-            );
+                }
+            });
     }
 
     /// Adds the near field; returns the particle interactions evaluated.
