@@ -14,7 +14,7 @@ const N: usize = 20_000;
 fn bench(c: &mut Criterion) {
     let model = ModelFile::load(&Path::new(env!("CARGO_MANIFEST_DIR")).join("ics/plummer.toml"))
         .expect("the shipped Plummer model loads");
-    let mut particles = ics::generate(&model, N, 1);
+    let (mut particles, _) = ics::generate(&model, N, 1);
     let mut group = c.benchmark_group("direct");
     group
         .sample_size(10)

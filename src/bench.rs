@@ -1,21 +1,20 @@
 //! Force-solver benchmark workloads and measurements (`leapfmm bench`, `benches/`).
 
-use crate::ics::disk;
+use crate::ics::galaxy::disk::DiskProfile;
 use crate::ics::hernquist::Hernquist;
 use crate::ics::plummer::Plummer;
-use crate::ics::sampling::{SphericalModel, block_rng, isotropic_unit};
+use crate::ics::sampling::{SphericalModel, isotropic_unit, sample_blocks};
 use crate::particles::{Component, Particles};
 use rand::RngExt;
-use rayon::prelude::*;
 
 /// A benchmark particle distribution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Workload {
     /// Plummer sphere in Hénon units (G = 1, M = 1, a = 3π/16).
     Plummer,
-    /// A Milky-Way-like exponential disk (5e10 Msun, R_d = 3 kpc, z_0 = 0.3 kpc, one third
-    /// of the particles) inside a Hernquist halo (1e12 Msun, a = 30 kpc, cut at 300 kpc),
-    /// galactic units.
+    /// A Milky-Way-like exponential disk (5e10 Msun, R_d = 3 kpc, z_0 = 0.3 kpc, truncated at
+    /// 30 kpc, one third of the particles) inside a Hernquist halo (1e12 Msun, a = 30 kpc,
+    /// cut at 300 kpc), galactic units.
     DiskInHalo,
 }
 
@@ -58,28 +57,15 @@ impl Workload {
                 let halo = Hernquist::new(100.0, 30.0, 1.0);
                 let mut p = positions(&halo, Some(300.0), n_halo, seed, 1, Component::Halo, 1);
                 let disk_mass = 5.0 / n_disk.max(1) as f64;
-                let blocks: Vec<Particles> = (0..n_disk.div_ceil(4096))
-                    .into_par_iter()
-                    .map(|b| {
-                        let mut rng = block_rng(seed, 2, b as u64);
-                        let count = 4096.min(n_disk - b * 4096);
-                        let mut out = Particles::with_capacity(count);
-                        for k in 0..count {
-                            let x = disk::sample_position(3.0, 0.3, 30.0, &mut rng);
-                            out.push(
-                                x,
-                                [0.0; 3],
-                                disk_mass,
-                                (n_halo + b * 4096 + k + 1) as u64,
-                                Component::Disk,
-                            );
-                        }
-                        out
-                    })
-                    .collect();
-                for b in blocks {
-                    p.extend(b);
-                }
+                let profile = DiskProfile::new(5.0, 3.0, 0.3, 30.0);
+                p.extend(sample_blocks(n_disk, seed, 2, (n_halo + 1) as u64, |rng| {
+                    (
+                        profile.sample_position(rng),
+                        [0.0; 3],
+                        disk_mass,
+                        Component::Disk,
+                    )
+                }));
                 p
             }
         }
@@ -98,31 +84,11 @@ fn positions<M: SphericalModel>(
 ) -> Particles {
     let u_max = truncation.map_or(1.0, |rt| model.mass_fraction(rt));
     let mass = model.total_mass() * u_max / n.max(1) as f64;
-    let blocks: Vec<Particles> = (0..n.div_ceil(4096))
-        .into_par_iter()
-        .map(|b| {
-            let mut rng = block_rng(seed, stream, b as u64);
-            let count = 4096.min(n - b * 4096);
-            let mut out = Particles::with_capacity(count);
-            for k in 0..count {
-                let r = model.radius_of_mass_fraction(u_max * rng.random::<f64>());
-                let d = isotropic_unit(&mut rng);
-                out.push(
-                    [r * d[0], r * d[1], r * d[2]],
-                    [0.0; 3],
-                    mass,
-                    first_id + (b * 4096 + k) as u64,
-                    component,
-                );
-            }
-            out
-        })
-        .collect();
-    let mut p = Particles::with_capacity(n);
-    for b in blocks {
-        p.extend(b);
-    }
-    p
+    sample_blocks(n, seed, stream, first_id, |rng| {
+        let r = model.radius_of_mass_fraction(u_max * rng.random::<f64>());
+        let d = isotropic_unit(rng);
+        ([r * d[0], r * d[1], r * d[2]], [0.0; 3], mass, component)
+    })
 }
 
 /// Peak resident memory of this process in bytes (Linux `VmHWM`), if known.

@@ -428,7 +428,7 @@ pub enum IcSource {
         /// The model file.
         path: PathBuf,
         /// Its parsed content.
-        model: ModelFile,
+        model: Box<ModelFile>,
         /// Particle count.
         n: usize,
     },
@@ -564,6 +564,16 @@ fn validate_ics(s: &SourceText, config: &RunConfig) -> Result<IcSource, ConfigEr
                 ));
             }
             let model = ModelFile::load(model_path)?;
+            if n < model.components() {
+                return Err(s.invalid(
+                    "ics.n",
+                    n,
+                    format!(
+                        "the model has {} components; give at least one particle to each",
+                        model.components()
+                    ),
+                ));
+            }
             if model.units != config.units {
                 return Err(s.invalid(
                     "units",
@@ -577,7 +587,7 @@ fn validate_ics(s: &SourceText, config: &RunConfig) -> Result<IcSource, ConfigEr
             }
             Ok(IcSource::Model {
                 path: model_path.clone(),
-                model,
+                model: Box::new(model),
                 n,
             })
         }

@@ -4,6 +4,7 @@
 // variable; iterator rewrites of those loops hide the structure the vectoriser relies on.
 #![allow(clippy::needless_range_loop)]
 
+pub mod analysis;
 pub mod bench;
 pub mod config;
 pub mod fmm;

@@ -595,7 +595,13 @@ fn check_resumable(spec: &RunSpec, ckpt: &Checkpoint, path: &Path) -> Result<(),
 /// Builds the initial particles from a model or reads them from a file, in the run's units.
 fn initial_particles(spec: &RunSpec, progress: &Progress) -> Result<Particles, RunError> {
     match &spec.ics {
-        IcSource::Model { model, n, .. } => Ok(ics::generate(model, *n, spec.config.seed)),
+        IcSource::Model { model, n, .. } => {
+            let (particles, warnings) = ics::generate(model, *n, spec.config.seed);
+            for w in warnings {
+                progress.warn(&w);
+            }
+            Ok(particles)
+        }
         IcSource::File { path } => {
             let data = read_snapshot(path)?;
             let mut p = data.particles;

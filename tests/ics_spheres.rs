@@ -13,7 +13,7 @@ const N: usize = 100_000;
 
 fn sample(model: &str, n: usize, seed: u64) -> (ModelFile, Particles) {
     let m = ModelFile::load(&repo(model)).unwrap();
-    let p = ics::generate(&m, n, seed);
+    let (p, _) = ics::generate(&m, n, seed);
     (m, p)
 }
 

@@ -3,6 +3,7 @@
 use anyhow::{Result, bail};
 use clap::Args;
 use leapfmm::config::{Precision, flatten};
+use leapfmm::ics::galaxy::Galaxy;
 use leapfmm::ics::{self, ModelFile};
 use leapfmm::io::snapshot::{SnapshotInfo, write_snapshot};
 use std::path::PathBuf;
@@ -25,6 +26,10 @@ pub struct IcsArgs {
     /// Precision of Coordinates and Velocities (double keeps the f64 state exactly).
     #[arg(long, value_enum, default_value_t = PrecisionArg::Double)]
     precision: PrecisionArg,
+    /// Also write the model's radial profiles (rotation curve by component, Toomre Q, σ_R,
+    /// σ_z, mean v_φ) to this CSV file (galaxy models only).
+    #[arg(long)]
+    curves: Option<PathBuf>,
 }
 
 /// `--precision` values.
@@ -55,7 +60,10 @@ pub fn execute(args: IcsArgs) -> Result<()> {
     let model = ModelFile::load(&args.model)?;
     let text = std::fs::read_to_string(&args.model).unwrap_or_default();
     let start = Instant::now();
-    let particles = ics::generate(&model, args.n as usize, args.seed);
+    let (particles, warnings) = ics::generate(&model, args.n as usize, args.seed);
+    for w in warnings {
+        eprintln!("warning: {w}");
+    }
     let mut parameters = flatten(&model);
     parameters.push(("ics.n".into(), toml::Value::Integer(args.n as i64)));
     parameters.push((
@@ -75,6 +83,20 @@ pub fn execute(args: IcsArgs) -> Result<()> {
         settings_text: Some(&text),
     };
     write_snapshot(&args.output, &particles, &info)?;
+    if let Some(path) = &args.curves {
+        if model.sphere.is_some() {
+            bail!(
+                "--curves needs a galaxy model ([halo], [disk], [bulge]); {} is a sphere",
+                args.model.display()
+            );
+        }
+        let galaxy = Galaxy::new(&model);
+        let r_max = model.disk.as_ref().map_or(30.0, |d| {
+            d.truncation_radius.unwrap_or(8.0 * d.scale_length)
+        });
+        std::fs::write(path, galaxy.curves_csv(r_max, r_max / 200.0))
+            .map_err(|e| anyhow::anyhow!("cannot write {}: {e}", path.display()))?;
+    }
     eprintln!(
         "wrote {} particles to {} in {:.2} s",
         particles.len(),

@@ -3,7 +3,7 @@
 //! Every sampler draws from deterministic substreams (one per block of particle IDs), so the
 //! same model, N and seed give the same bits for any number of threads.
 
-pub mod disk;
+pub mod galaxy;
 pub mod hernquist;
 pub mod plummer;
 pub mod sampling;
@@ -23,6 +23,97 @@ pub struct ModelFile {
     pub units: UnitSystem,
     /// A single spherical component (test problems with analytic answers).
     pub sphere: Option<SphereModel>,
+    /// Dark-matter halo of a galaxy.
+    pub halo: Option<HaloModel>,
+    /// Stellar disk of a galaxy.
+    pub disk: Option<DiskModel>,
+    /// Stellar bulge of a galaxy.
+    pub bulge: Option<BulgeModel>,
+}
+
+/// Halo density profile.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum HaloProfile {
+    /// Hernquist (`mass`, `scale_radius`).
+    Hernquist,
+    /// NFW (`m200`, `concentration`), galactic units only.
+    Nfw,
+}
+
+/// `[halo]` in a model file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HaloModel {
+    /// Density profile.
+    pub profile: HaloProfile,
+    /// Hernquist: total mass of the untapered profile.
+    pub mass: Option<f64>,
+    /// Hernquist: scale radius.
+    pub scale_radius: Option<f64>,
+    /// NFW: mass inside r200 (200 times the critical density).
+    pub m200: Option<f64>,
+    /// NFW: r200 / r_s.
+    pub concentration: Option<f64>,
+    /// NFW: Hubble parameter h (H0 = 100 h km/s/Mpc).
+    #[serde(default = "default_hubble")]
+    pub hubble: f64,
+    /// Radius beyond which the density is tapered exponentially (NFW default: r200).
+    pub truncation_radius: Option<f64>,
+    /// Relative particle count (scaled with the others to the requested N).
+    pub particles: f64,
+}
+
+fn default_hubble() -> f64 {
+    0.7
+}
+
+/// `[bulge]` in a model file (Hernquist).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BulgeModel {
+    /// Total mass of the untapered profile.
+    pub mass: f64,
+    /// Scale radius.
+    pub scale_radius: f64,
+    /// Radius beyond which the density is tapered exponentially.
+    pub truncation_radius: Option<f64>,
+    /// Relative particle count.
+    pub particles: f64,
+}
+
+/// How the disk's radial dispersion follows the Toomre Q.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum QProfileKind {
+    /// σ_R ∝ exp(−R/2R_d), Q = toomre_q at q_radius.
+    #[default]
+    Exponential,
+    /// Q = toomre_q at every radius.
+    Constant,
+}
+
+/// `[disk]` in a model file.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DiskModel {
+    /// Total mass.
+    pub mass: f64,
+    /// Exponential scale length R_d.
+    pub scale_length: f64,
+    /// sech² scale height z0.
+    pub scale_height: f64,
+    /// Truncation radius (smooth, width R_d/4); default 8 R_d.
+    pub truncation_radius: Option<f64>,
+    /// Toomre Q.
+    pub toomre_q: f64,
+    /// Q profile.
+    #[serde(default)]
+    pub q_profile: QProfileKind,
+    /// Radius where Q = toomre_q for the exponential profile; default 2.5 R_d.
+    pub q_radius: Option<f64>,
+    /// Relative particle count.
+    pub particles: f64,
 }
 
 /// Density profile of a spherical model.
@@ -59,38 +150,108 @@ impl ModelFile {
     }
 
     fn validate(&self, s: &SourceText) -> Result<(), ConfigError> {
-        let Some(sphere) = &self.sphere else {
-            return Err(s.invalid(
-                "sphere",
-                "(missing)",
-                "the model file describes no component; add a [sphere] table",
-            ));
+        let positive = |key: &str, v: f64| -> Result<(), ConfigError> {
+            if v.is_finite() && v > 0.0 {
+                Ok(())
+            } else {
+                Err(s.invalid(key, v, "must be a positive number"))
+            }
         };
-        for (key, v) in [
-            ("sphere.mass", sphere.mass),
-            ("sphere.scale_radius", sphere.scale_radius),
-        ] {
-            if !(v.is_finite() && v > 0.0) {
-                return Err(s.invalid(key, v, "must be a positive number"));
+        let optional = |key: &str, v: Option<f64>| match v {
+            Some(v) => positive(key, v),
+            None => Ok(()),
+        };
+        let galaxy = self.halo.is_some() || self.disk.is_some() || self.bulge.is_some();
+        match (&self.sphere, galaxy) {
+            (Some(_), true) => {
+                return Err(s.invalid(
+                    "sphere",
+                    "[sphere]",
+                    "a model is either one [sphere] or a galaxy of [halo], [disk] and [bulge]; not both",
+                ));
+            }
+            (None, false) => {
+                return Err(s.invalid(
+                    "sphere",
+                    "(missing)",
+                    "the model file describes no component; add [sphere], or any of [halo], [disk], [bulge]",
+                ));
+            }
+            _ => {}
+        }
+        if let Some(sphere) = &self.sphere {
+            positive("sphere.mass", sphere.mass)?;
+            positive("sphere.scale_radius", sphere.scale_radius)?;
+            optional("sphere.truncation_radius", sphere.truncation_radius)?;
+        }
+        if let Some(h) = &self.halo {
+            positive("halo.particles", h.particles)?;
+            optional("halo.truncation_radius", h.truncation_radius)?;
+            match h.profile {
+                HaloProfile::Hernquist => {
+                    positive("halo.mass", h.mass.unwrap_or(f64::NAN))?;
+                    positive("halo.scale_radius", h.scale_radius.unwrap_or(f64::NAN))?;
+                }
+                HaloProfile::Nfw => {
+                    if self.units != UnitSystem::Galactic {
+                        return Err(s.invalid(
+                            "halo.profile",
+                            "\"nfw\"",
+                            "an NFW halo is given by m200 and a concentration, which need galactic units",
+                        ));
+                    }
+                    positive("halo.m200", h.m200.unwrap_or(f64::NAN))?;
+                    positive("halo.concentration", h.concentration.unwrap_or(f64::NAN))?;
+                    positive("halo.hubble", h.hubble)?;
+                }
             }
         }
-        if let Some(rt) = sphere.truncation_radius
-            && !(rt.is_finite() && rt > 0.0)
-        {
-            return Err(s.invalid(
-                "sphere.truncation_radius",
-                rt,
-                "must be a positive number (or omitted for no truncation)",
-            ));
+        if let Some(b) = &self.bulge {
+            positive("bulge.mass", b.mass)?;
+            positive("bulge.scale_radius", b.scale_radius)?;
+            optional("bulge.truncation_radius", b.truncation_radius)?;
+            positive("bulge.particles", b.particles)?;
+        }
+        if let Some(d) = &self.disk {
+            positive("disk.mass", d.mass)?;
+            positive("disk.scale_length", d.scale_length)?;
+            positive("disk.scale_height", d.scale_height)?;
+            optional("disk.truncation_radius", d.truncation_radius)?;
+            positive("disk.toomre_q", d.toomre_q)?;
+            optional("disk.q_radius", d.q_radius)?;
+            positive("disk.particles", d.particles)?;
         }
         Ok(())
+    }
+
+    /// Number of components with particles.
+    pub fn components(&self) -> usize {
+        if self.sphere.is_some() {
+            1
+        } else {
+            [
+                self.halo.is_some(),
+                self.disk.is_some(),
+                self.bulge.is_some(),
+            ]
+            .iter()
+            .filter(|&&x| x)
+            .count()
+        }
     }
 }
 
 /// Samples `n` particles of `model` with random streams derived from `seed`; the result is
-/// centred on the origin in position and velocity.
-pub fn generate(model: &ModelFile, n: usize, seed: u64) -> Particles {
+/// centred on the origin in position and velocity. Warnings (e.g. a distribution function
+/// that had to fall back to the Jeans equations) come with it.
+pub fn generate(model: &ModelFile, n: usize, seed: u64) -> (Particles, Vec<String>) {
     let g = model.units.gravitational_constant();
+    if model.sphere.is_none() {
+        let galaxy = galaxy::Galaxy::new(model);
+        let mut particles = galaxy.generate(n, seed);
+        sampling::centre(&mut particles);
+        return (particles, galaxy.warnings.clone());
+    }
     let mut particles = match &model.sphere {
         Some(sphere) => match sphere.profile {
             SphereProfile::Plummer => {
@@ -121,5 +282,5 @@ pub fn generate(model: &ModelFile, n: usize, seed: u64) -> Particles {
         None => Particles::default(),
     };
     sampling::centre(&mut particles);
-    particles
+    (particles, Vec::new())
 }
