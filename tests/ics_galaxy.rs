@@ -71,11 +71,11 @@ fn profile_error(
 
 #[test]
 fn sampled_profiles_match_the_model() {
-    // 9e5 particles: 4e5 halo, 4e5 disk, 1e5 bulge.
+    // 2e6 particles: 1.6e6 halo, 3e5 disk, 1e5 bulge.
     let m = model("ics/milky_way.toml");
     let galaxy = Galaxy::new(&m);
     assert!(galaxy.warnings.is_empty(), "{:?}", galaxy.warnings);
-    let p = galaxy.generate(900_000, 3);
+    let p = galaxy.generate(2_000_000, 3);
     let grid = &galaxy.potential.grid;
     for (c, comp) in [
         (Component::Halo, galaxy.halo.as_ref().unwrap()),
@@ -100,7 +100,7 @@ fn sampled_profiles_match_the_model() {
 fn disk_kinematics_rotation_curve_and_virial_ratio() {
     let m = model("ics/milky_way.toml");
     let galaxy = Galaxy::new(&m);
-    let (mut p, _) = ics::generate(&m, 300_000, 5);
+    let (mut p, _) = ics::generate(&m, 1_000_000, 5);
     let d = galaxy.disk.as_ref().unwrap();
     let rd = d.profile.rd;
     let g = galaxy.g;
