@@ -7,6 +7,7 @@
 pub mod analysis;
 pub mod bench;
 pub mod config;
+pub mod distributed;
 pub mod fmm;
 pub mod gravity;
 pub mod ics;

@@ -15,11 +15,21 @@ pub enum CapKind {
     M2lPairs,
     /// Directed P2P (leaf ← leaf) pairs.
     P2pPairs,
+    /// Cells received in locally essential trees (distributed runs).
+    LetCells,
+    /// Particles received in locally essential trees.
+    LetParticles,
 }
 
 impl CapKind {
     /// Every kind, in report order.
-    pub const ALL: [CapKind; 3] = [CapKind::Cells, CapKind::M2lPairs, CapKind::P2pPairs];
+    pub const ALL: [CapKind; 5] = [
+        CapKind::Cells,
+        CapKind::M2lPairs,
+        CapKind::P2pPairs,
+        CapKind::LetCells,
+        CapKind::LetParticles,
+    ];
 
     /// Name used in diagnostics and presets.
     pub fn name(self) -> &'static str {
@@ -27,6 +37,8 @@ impl CapKind {
             CapKind::Cells => "cells",
             CapKind::M2lPairs => "m2l_pairs",
             CapKind::P2pPairs => "p2p_pairs",
+            CapKind::LetCells => "let_cells",
+            CapKind::LetParticles => "let_particles",
         }
     }
 }
@@ -40,6 +52,12 @@ pub struct Caps {
     pub m2l_pairs: usize,
     /// P2P pairs.
     pub p2p_pairs: usize,
+    /// LET cells received.
+    #[serde(default)]
+    pub let_cells: usize,
+    /// LET particles received.
+    #[serde(default)]
+    pub let_particles: usize,
 }
 
 impl Caps {
@@ -51,6 +69,8 @@ impl Caps {
             cells,
             m2l_pairs: 128 * cells,
             p2p_pairs: 64 * cells,
+            let_cells: cells,
+            let_particles: n / 4 + 64,
         }
     }
 
@@ -60,6 +80,8 @@ impl Caps {
             CapKind::Cells => self.cells,
             CapKind::M2lPairs => self.m2l_pairs,
             CapKind::P2pPairs => self.p2p_pairs,
+            CapKind::LetCells => self.let_cells,
+            CapKind::LetParticles => self.let_particles,
         }
     }
 
@@ -69,6 +91,8 @@ impl Caps {
             CapKind::Cells => self.cells = value,
             CapKind::M2lPairs => self.m2l_pairs = value,
             CapKind::P2pPairs => self.p2p_pairs = value,
+            CapKind::LetCells => self.let_cells = value,
+            CapKind::LetParticles => self.let_particles = value,
         }
     }
 
@@ -79,6 +103,8 @@ impl Caps {
             cells: s(self.cells),
             m2l_pairs: s(self.m2l_pairs),
             p2p_pairs: s(self.p2p_pairs),
+            let_cells: s(self.let_cells),
+            let_particles: s(self.let_particles),
         }
     }
 }
@@ -109,7 +135,7 @@ impl Default for CapsPolicy {
 pub struct CapsTracker {
     caps: Caps,
     policy: CapsPolicy,
-    low_use: [u32; 3],
+    low_use: [u32; 5],
 }
 
 impl CapsTracker {
@@ -118,7 +144,7 @@ impl CapsTracker {
         CapsTracker {
             caps,
             policy,
-            low_use: [0; 3],
+            low_use: [0; 5],
         }
     }
 
@@ -130,7 +156,7 @@ impl CapsTracker {
     /// Replaces the caps (e.g. from a checkpoint).
     pub fn set_caps(&mut self, caps: Caps) {
         self.caps = caps;
-        self.low_use = [0; 3];
+        self.low_use = [0; 5];
     }
 
     /// After an overflow of `kind` that needed `needed` entries: grows that cap by the growth
@@ -263,6 +289,7 @@ mod tests {
             cells: 10,
             m2l_pairs: 100,
             p2p_pairs: 50,
+            ..Caps::default()
         };
         let mut t = CapsTracker::new(caps, CapsPolicy::default());
         t.grow(CapKind::M2lPairs, 350);
@@ -277,12 +304,14 @@ mod tests {
             cells: 100,
             m2l_pairs: 100,
             p2p_pairs: 100,
+            ..Caps::default()
         };
         let mut t = CapsTracker::new(caps, CapsPolicy::default());
         let used = Caps {
             cells: 90,
             m2l_pairs: 50,
             p2p_pairs: 10,
+            ..Caps::default()
         };
         assert!(t.settle(&used));
         assert_eq!(t.caps().cells, 113); // 90 * 1.25 rounded up

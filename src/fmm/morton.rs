@@ -46,7 +46,7 @@ impl BoundingCube {
         let scale = (1u64 << BITS) as f64 / self.side;
         let max = (1u64 << BITS) - 1;
         let q = |k: usize| (((x[k] - self.lo[k]) * scale) as i64).clamp(0, max as i64) as u64;
-        spread(q(0)) | (spread(q(1)) << 1) | (spread(q(2)) << 2)
+        spread(q(2)) | (spread(q(1)) << 1) | (spread(q(0)) << 2)
     }
 }
 

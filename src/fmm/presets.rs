@@ -188,6 +188,8 @@ mod tests {
             cells: v,
             m2l_pairs: 10 * v,
             p2p_pairs: 2 * v,
+            let_cells: 3 * v,
+            let_particles: 4 * v,
         }
     }
 

@@ -113,6 +113,36 @@ impl Walker<'_> {
         }
     }
 
+    /// One-sided walk of own cell `a` against remote cell `c` (from another rank's locally
+    /// essential tree): only `a` receives. A remote leaf without particles is a multipole the
+    /// other rank sent because it is far from all our cells' domains; it is never opened.
+    fn interact_remote(&self, a: u32, c: u32, pending: &mut Pending) {
+        let (ca, cc) = (&self.cells[a as usize], &self.cells[c as usize]);
+        if self.mac.accepts(ca, cc) {
+            self.push_m2l_one(pending, pack(a, c));
+        } else if ca.is_leaf() && cc.is_leaf() {
+            // The sender only stops at a particle-less cell that passes the MAC against
+            // every own leaf, so `cc` carries particles here.
+            self.push_p2p(pending, &[pack(a, c)]);
+        } else if ca.is_leaf() || (!cc.is_leaf() && cc.r_max > ca.r_max) {
+            for k in cc.children() {
+                self.interact_remote(a, k, pending);
+            }
+        } else {
+            for k in ca.children() {
+                self.interact_remote(k, c, pending);
+            }
+        }
+    }
+
+    fn push_m2l_one(&self, pending: &mut Pending, pair: u64) {
+        pending.m2l.push(pair);
+        if pending.m2l.len() >= LOCAL_BATCH {
+            self.m2l.push_all(&pending.m2l);
+            pending.m2l.clear();
+        }
+    }
+
     /// Like `interact`, but stops after `depth` splits and returns the pending pairs as tasks.
     fn expand(&self, a: u32, b: u32, depth: u32, tasks: &mut Vec<(u32, u32)>) {
         if depth == 0 {
@@ -152,6 +182,47 @@ pub fn walk(tree: &Tree, mac: Mac, m2l: &CappedBuffer, p2p: &CappedBuffer) {
         });
 }
 
+/// Walks own root 0 against every remote root (one-sided), appending to the same buffers.
+pub fn walk_remote(
+    tree: &Tree,
+    mac: Mac,
+    remote_roots: &[u32],
+    m2l: &CappedBuffer,
+    p2p: &CappedBuffer,
+) {
+    let walker = Walker {
+        cells: &tree.cells,
+        mac,
+        m2l,
+        p2p,
+    };
+    // Split the own tree two levels down so that the tasks spread over the threads.
+    let mut own = vec![0u32];
+    for _ in 0..2 {
+        own = own
+            .iter()
+            .flat_map(|&a| {
+                let c = &tree.cells[a as usize];
+                if c.is_leaf() {
+                    vec![a]
+                } else {
+                    c.children().collect()
+                }
+            })
+            .collect();
+    }
+    let tasks: Vec<(u32, u32)> = remote_roots
+        .iter()
+        .flat_map(|&r| own.iter().map(move |&a| (a, r)))
+        .collect();
+    tasks
+        .par_iter()
+        .for_each_init(Pending::default, |pending, &(a, c)| {
+            walker.interact_remote(a, c, pending);
+            walker.flush(pending);
+        });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -171,7 +242,7 @@ mod tests {
         let mass = vec![1.0; n];
         let id: Vec<u64> = (0..n as u64).collect();
         let mut tree = Tree::default();
-        tree.build(&pos, &mass, &id, 8, 10_000).unwrap();
+        tree.build(&pos, &mass, &id, None, 8, 10_000).unwrap();
         tree.compute_moments();
         let (mut m2l, mut p2p) = (CappedBuffer::default(), CappedBuffer::default());
         m2l.reset(1_000_000);

@@ -64,7 +64,15 @@ pub struct Tree {
     pub pos: Vec<[f64; 3]>,
     /// Masses in sorted order.
     pub mass: Vec<f64>,
-    keys: Vec<u64>,
+    /// Morton keys of the particles, in sorted order.
+    pub keys: Vec<u64>,
+    /// The cube the keys refer to.
+    pub cube: Option<BoundingCube>,
+    /// Cells of this tree's own particles; cells after them were appended from other ranks
+    /// (`append_remote`) and only ever act as sources.
+    pub own_cells: usize,
+    /// Particles owned by this tree; those after them came with remote cells.
+    pub own_particles: usize,
 }
 
 /// The tree needed more cells than its cap allowed.
@@ -75,17 +83,8 @@ pub struct CellsOverflow {
 }
 
 impl Tree {
-    /// Sorts the particles by (key, id) and builds the cells, reusing this tree's buffers.
-    /// Fails without building when the tree would exceed `cells_cap` cells.
-    pub fn build(
-        &mut self,
-        pos: &[[f64; 3]],
-        mass: &[f64],
-        id: &[u64],
-        leaf_size: usize,
-        cells_cap: usize,
-    ) -> Result<(), CellsOverflow> {
-        let n = pos.len();
+    /// The smallest cube around `pos` (min/max reductions: independent of order and threads).
+    pub fn bounding_cube(pos: &[[f64; 3]]) -> BoundingCube {
         let (lo, hi) = pos
             .par_iter()
             .fold(
@@ -107,7 +106,25 @@ impl Tree {
                     )
                 },
             );
-        let cube = BoundingCube::around(lo, hi);
+        BoundingCube::around(lo, hi)
+    }
+
+    /// Sorts the particles by (key, id) in `cube` (their own bounding cube if none: ranks of
+    /// a distributed run pass the global one so that keys agree) and builds the cells,
+    /// reusing this tree's buffers. Fails without building when the tree would exceed
+    /// `cells_cap` cells.
+    pub fn build(
+        &mut self,
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        id: &[u64],
+        cube: Option<BoundingCube>,
+        leaf_size: usize,
+        cells_cap: usize,
+    ) -> Result<(), CellsOverflow> {
+        let n = pos.len();
+        let cube = cube.unwrap_or_else(|| Self::bounding_cube(pos));
+        self.cube = Some(cube);
         let mut sort_keys: Vec<(u64, u32)> = (0..n)
             .into_par_iter()
             .map(|i| (cube.key(pos[i]), i as u32))
@@ -176,6 +193,8 @@ impl Tree {
             i += 1;
         }
         self.level_start.push(self.cells.len());
+        self.own_cells = self.cells.len();
+        self.own_particles = n;
         // Leaves in particle order: every leaf's range follows the previous one's.
         let mut leaves: Vec<u32> = (0..self.cells.len() as u32)
             .filter(|&c| self.cells[c as usize].is_leaf())
@@ -183,6 +202,22 @@ impl Tree {
         leaves.sort_by_key(|&c| self.cells[c as usize].begin);
         self.leaves = leaves;
         Ok(())
+    }
+
+    /// Appends cells received from another rank (children and particle ranges relative to
+    /// the appended slices) with their particles; returns the index of the first appended
+    /// cell. Appended cells are sources only: they take no part in the level passes.
+    pub fn append_remote(&mut self, cells: &[Cell], pos: &[[f64; 3]], mass: &[f64]) -> u32 {
+        let (cell_base, particle_base) = (self.cells.len() as u32, self.pos.len() as u32);
+        self.cells.extend(cells.iter().map(|c| Cell {
+            begin: c.begin + particle_base,
+            end: c.end + particle_base,
+            first_child: c.first_child + cell_base,
+            ..*c
+        }));
+        self.pos.extend_from_slice(pos);
+        self.mass.extend_from_slice(mass);
+        cell_base
     }
 
     /// Number of levels.
@@ -260,7 +295,7 @@ mod tests {
     fn cells_partition_particles_and_bound_them() {
         let (pos, mass, id) = cloud(5000);
         let mut t = Tree::default();
-        t.build(&pos, &mass, &id, 16, 100_000).unwrap();
+        t.build(&pos, &mass, &id, None, 16, 100_000).unwrap();
         t.compute_moments();
         // Leaves partition the particles in order.
         let mut next = 0;
@@ -293,7 +328,7 @@ mod tests {
     fn overflow_is_reported() {
         let (pos, mass, id) = cloud(2000);
         let mut t = Tree::default();
-        assert!(t.build(&pos, &mass, &id, 8, 10).is_err());
-        assert!(t.build(&pos, &mass, &id, 8, 100_000).is_ok());
+        assert!(t.build(&pos, &mass, &id, None, 8, 10).is_err());
+        assert!(t.build(&pos, &mass, &id, None, 8, 100_000).is_ok());
     }
 }

@@ -51,6 +51,9 @@ pub enum GravityError {
         /// The offending value.
         value: f64,
     },
+    /// Ranks could not exchange data (another rank failed, or a timeout).
+    #[error("{0}")]
+    Communication(String),
     /// The FMM's buffers kept overflowing.
     #[error("the FMM buffers still overflowed after {retries} retries; raise gravity.cap_growth")]
     CapsDiverged {

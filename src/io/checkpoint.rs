@@ -17,7 +17,7 @@ use thiserror::Error;
 /// First bytes of every checkpoint file.
 pub const MAGIC: &[u8; 16] = b"LEAPFMM-CKPT\0\0\0\0";
 /// Current format version.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// Test-only fault injection: stall this many milliseconds halfway through writing a
 /// checkpoint, so a test can kill the process mid-write.
 pub const STALL_ENV: &str = "LEAPFMM_FAULT_CHECKPOINT_STALL_MS";

@@ -1,0 +1,229 @@
+//! Domain decomposition along the Morton curve (design §6): splitters chosen for equal work
+//! by bisection over octree-cell-aligned keys, with global sums by allreduce, and particle
+//! migration by alltoallv. Because splitters sit on boundaries of cells at `ALIGN_LEVEL`,
+//! every rank's tree is a set of subtrees of one global tree.
+
+use super::comm::{CommError, Communicator, allreduce_max, allreduce_sum, alltoallv};
+use crate::fmm::morton::{BITS, BoundingCube};
+use crate::particles::{Component, Particles};
+use bytemuck::{Pod, Zeroable};
+
+/// Domain boundaries are boundaries of octree cells at this level (side = box / 2^12).
+pub const ALIGN_LEVEL: u32 = 12;
+
+/// The key ranges of the ranks: rank r owns keys in [splitters[r], splitters[r + 1]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Domains {
+    /// The global cube the keys refer to.
+    pub cube: BoundingCube,
+    /// K + 1 boundaries, from 0 to u64::MAX.
+    pub splitters: Vec<u64>,
+}
+
+impl Domains {
+    /// The rank owning `key`.
+    pub fn owner(&self, key: u64) -> usize {
+        self.splitters
+            .partition_point(|&s| s <= key)
+            .saturating_sub(1)
+            .min(self.splitters.len() - 2)
+    }
+}
+
+/// The cube around every rank's particles.
+pub fn global_cube(comm: &dyn Communicator, pos: &[[f64; 3]]) -> Result<BoundingCube, CommError> {
+    let mut ext = [f64::MIN; 6];
+    for x in pos {
+        for k in 0..3 {
+            ext[k] = ext[k].max(-x[k]);
+            ext[k + 3] = ext[k + 3].max(x[k]);
+        }
+    }
+    let e = allreduce_max(comm, &ext)?;
+    if e[0] == f64::MIN {
+        return Ok(BoundingCube::around([0.0; 3], [0.0; 3]));
+    }
+    Ok(BoundingCube::around(
+        [-e[0], -e[1], -e[2]],
+        [e[3], e[4], e[5]],
+    ))
+}
+
+/// Splitters giving every rank an equal share of the total `work`, for particles with the
+/// given keys (any order). Work 0 everywhere counts particles instead.
+pub fn balance(comm: &dyn Communicator, keys: &[u64], work: &[f64]) -> Result<Vec<u64>, CommError> {
+    let k = comm.size();
+    let mut order: Vec<usize> = (0..keys.len()).collect();
+    order.sort_unstable_by_key(|&i| keys[i]);
+    let sorted: Vec<u64> = order.iter().map(|&i| keys[i]).collect();
+    let use_counts = allreduce_sum(comm, &[work.iter().sum::<f64>()])?[0] <= 0.0;
+    let mut prefix = Vec::with_capacity(keys.len() + 1);
+    prefix.push(0.0);
+    for &i in &order {
+        let w = if use_counts { 1.0 } else { work[i] };
+        prefix.push(prefix[prefix.len() - 1] + w);
+    }
+    let total = allreduce_sum(comm, &[prefix[prefix.len() - 1]])?[0];
+    let shift = 3 * (BITS - ALIGN_LEVEL);
+    let units: u64 = 1 << (3 * ALIGN_LEVEL);
+    // For each splitter, the smallest aligned key s with work(keys < s) >= target.
+    let mut lo = vec![0u64; k.saturating_sub(1)];
+    let mut hi = vec![units; k.saturating_sub(1)];
+    for _ in 0..(3 * ALIGN_LEVEL + 1) {
+        let mid: Vec<u64> = lo.iter().zip(&hi).map(|(l, h)| (l + h) / 2).collect();
+        let below: Vec<f64> = mid
+            .iter()
+            .map(|&m| prefix[sorted.partition_point(|&key| key < m << shift)])
+            .collect();
+        let below = allreduce_sum(comm, &below)?;
+        for j in 0..lo.len() {
+            let target = total * (j + 1) as f64 / k as f64;
+            if below[j] >= target {
+                hi[j] = mid[j];
+            } else {
+                lo[j] = mid[j] + 1;
+            }
+            hi[j] = hi[j].max(lo[j]);
+        }
+    }
+    let mut splitters = vec![0u64];
+    splitters.extend(
+        hi.iter()
+            .map(|&h| if h >= units { u64::MAX } else { h << shift }),
+    );
+    splitters.push(u64::MAX);
+    for j in 1..splitters.len() {
+        splitters[j] = splitters[j].max(splitters[j - 1]);
+    }
+    Ok(splitters)
+}
+
+/// One particle on its way to another rank.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+struct Record {
+    pos: [f64; 3],
+    vel: [f64; 3],
+    mass: f64,
+    work: f64,
+    id: u64,
+    component: u64,
+}
+
+fn component_code(c: Component) -> u64 {
+    Component::ALL.iter().position(|&x| x == c).unwrap_or(3) as u64
+}
+
+/// Moves every particle (with its work) to the rank owning its key. The new order is by
+/// source rank, then by the source's order: deterministic. Accelerations and potentials are
+/// not carried (they are recomputed); velocities only if present.
+pub fn migrate(
+    comm: &dyn Communicator,
+    domains: &Domains,
+    p: &mut Particles,
+    work: &mut Vec<f64>,
+) -> Result<usize, CommError> {
+    let has_vel = !p.vel.is_empty();
+    let mut outgoing: Vec<Vec<Record>> = vec![Vec::new(); comm.size()];
+    for i in 0..p.len() {
+        let owner = domains.owner(domains.cube.key(p.pos[i]));
+        outgoing[owner].push(Record {
+            pos: p.pos[i],
+            vel: if has_vel { p.vel[i] } else { [0.0; 3] },
+            mass: p.mass[i],
+            work: work.get(i).copied().unwrap_or(0.0),
+            id: p.id[i],
+            component: component_code(p.component[i]),
+        });
+    }
+    let moved: usize = outgoing
+        .iter()
+        .enumerate()
+        .filter(|(r, _)| *r != comm.rank())
+        .map(|(_, v)| v.len())
+        .sum();
+    let incoming = alltoallv(comm, &outgoing)?;
+    let n: usize = incoming.iter().map(|v| v.len()).sum();
+    let mut q = Particles::with_capacity(n);
+    work.clear();
+    for r in incoming.iter().flatten() {
+        let c = Component::ALL
+            .get(r.component as usize)
+            .copied()
+            .unwrap_or(Component::Generic);
+        q.push(r.pos, r.vel, r.mass, r.id, c);
+        work.push(r.work);
+    }
+    if !has_vel {
+        q.vel.clear();
+    }
+    *p = q;
+    Ok(moved)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::distributed::comm::{ThreadRank, run_thread_ranks};
+    use std::time::Duration;
+
+    #[test]
+    fn balanced_splitters_and_migration() {
+        let out = run_thread_ranks(
+            3,
+            1,
+            Duration::from_secs(30),
+            |c: &ThreadRank| -> Result<_, CommError> {
+                // Each rank starts with a different, skewed slice of one cloud.
+                let mut p = Particles::default();
+                let mut s = 17 + c.rank() as u64;
+                for i in 0..3000 {
+                    s = s
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    let u = (s >> 11) as f64 / (1u64 << 53) as f64;
+                    let x = [u.powi(3), (u * 7.0).fract(), (u * 13.0).fract()];
+                    p.push(
+                        x,
+                        [0.0; 3],
+                        1.0,
+                        (c.rank() * 10_000 + i) as u64,
+                        Component::Halo,
+                    );
+                }
+                let cube = global_cube(c, &p.pos)?;
+                let keys: Vec<u64> = p.pos.iter().map(|&x| cube.key(x)).collect();
+                let splitters = balance(c, &keys, &vec![0.0; keys.len()])?;
+                let domains = Domains { cube, splitters };
+                let mut work = vec![1.0; p.len()];
+                migrate(c, &domains, &mut p, &mut work)?;
+                let owned_ok = p
+                    .pos
+                    .iter()
+                    .all(|&x| domains.owner(cube.key(x)) == c.rank());
+                Ok((p.len(), owned_ok, domains.splitters))
+            },
+        )
+        .unwrap();
+        let counts: Vec<usize> = out.iter().map(|o| o.0).collect();
+        assert_eq!(counts.iter().sum::<usize>(), 9000);
+        for &n in &counts {
+            assert!(
+                (n as f64 / 3000.0 - 1.0).abs() < 0.05,
+                "unbalanced: {counts:?}"
+            );
+        }
+        assert!(
+            out.iter().all(|o| o.1),
+            "particles must end on their owners"
+        );
+        assert!(
+            out.windows(2).all(|w| w[0].2 == w[1].2),
+            "all ranks agree on the splitters"
+        );
+        let shift = 3 * (BITS - ALIGN_LEVEL);
+        for &s in &out[0].2[1..3] {
+            assert_eq!(s % (1u64 << shift), 0, "splitters sit on cell boundaries");
+        }
+    }
+}

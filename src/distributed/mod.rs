@@ -1,0 +1,6 @@
+//! Distributed FMM across ranks (design §6).
+
+pub mod comm;
+pub mod decomposition;
+pub mod driver;
+pub mod let_tree;

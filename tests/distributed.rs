@@ -1,0 +1,218 @@
+//! The distributed FMM with K thread ranks against the single-rank FMM and direct summation.
+
+mod common;
+
+use leapfmm::bench::Workload;
+use leapfmm::distributed::comm::{Communicator, ThreadRank, run_thread_ranks};
+use leapfmm::distributed::driver::{DistributedFmm, RankStats};
+use leapfmm::fmm::caps::CapsPolicy;
+use leapfmm::fmm::p2p::NearFieldPrecision;
+use leapfmm::fmm::{FmmSettings, FmmSolver};
+use leapfmm::gravity::accuracy::{AccuracyStats, compare, direct_at};
+use leapfmm::gravity::{Softening, SofteningKernel};
+use leapfmm::particles::{Component, Particles};
+use std::time::Duration;
+
+fn settings(g: f64, eps: f64) -> FmmSettings {
+    FmmSettings {
+        order: 6,
+        theta: 0.6,
+        leaf_size: 32,
+        softening: Softening {
+            kernel: SofteningKernel::Spline,
+            epsilon: eps,
+        },
+        g,
+        near_field: NearFieldPrecision::Mixed,
+        caps_policy: CapsPolicy::default(),
+    }
+}
+
+/// Evaluates `p` on `k` thread ranks (rank r starts with every k-th particle), `steps` times;
+/// returns accelerations in the input order and the last evaluation's per-rank figures.
+fn distributed(
+    p: &Particles,
+    k: usize,
+    s: &FmmSettings,
+    steps: usize,
+) -> (Vec<[f64; 3]>, Vec<RankStats>) {
+    let out = run_thread_ranks(k, 1, Duration::from_secs(120), |comm: &ThreadRank| {
+        let mut mine = Particles::default();
+        for i in (comm.rank()..p.len()).step_by(k) {
+            mine.push(p.pos[i], p.vel[i], p.mass[i], p.id[i], p.component[i]);
+        }
+        let mut solver =
+            DistributedFmm::new(comm.clone(), FmmSolver::new(s.clone(), None).with_ranks(k));
+        let mut stats = RankStats::default();
+        for _ in 0..steps {
+            stats = solver.evaluate(&mut mine)?;
+        }
+        Ok::<_, leapfmm::gravity::GravityError>((mine, stats))
+    })
+    .unwrap();
+    let mut acc = vec![[0.0; 3]; p.len()];
+    for (mine, _) in &out {
+        for i in 0..mine.len() {
+            acc[(mine.id[i] - 1) as usize] = mine.acc[i];
+        }
+    }
+    (acc, out.into_iter().map(|o| o.1).collect())
+}
+
+fn errors(p: &Particles, acc: &[[f64; 3]], s: &FmmSettings, idx: &[usize]) -> AccuracyStats {
+    let (reference, _) = direct_at(&p.pos, &p.mass, idx, s.g, s.softening);
+    let a: Vec<[f64; 3]> = idx.iter().map(|&i| acc[i]).collect();
+    compare(&a, &reference)
+}
+
+fn clumps(n: usize, separation: f64) -> Particles {
+    let mut p = Particles::default();
+    let mut s = 5u64;
+    let mut r = move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 11) as f64 / (1u64 << 53) as f64
+    };
+    for i in 0..n {
+        let c = if i % 2 == 0 { 0.0 } else { separation };
+        let x = [
+            c + (r() - 0.5) * (r() + 0.1),
+            (r() - 0.5) * r(),
+            (r() - 0.5) * r(),
+        ];
+        p.push(x, [0.0; 3], 1.0 / n as f64, (i + 1) as u64, Component::Halo);
+    }
+    p
+}
+
+fn ids_from_one(mut p: Particles) -> Particles {
+    for (i, id) in p.id.iter_mut().enumerate() {
+        *id = (i + 1) as u64;
+    }
+    p
+}
+
+#[test]
+fn forces_on_k_ranks_match_one_rank() {
+    let sets: Vec<(&str, Particles, f64, f64)> = vec![
+        (
+            "plummer",
+            ids_from_one(Workload::Plummer.particles(20_000, 1)),
+            1.0,
+            0.01,
+        ),
+        (
+            "disk-in-halo",
+            ids_from_one(Workload::DiskInHalo.particles(20_000, 1)),
+            Workload::DiskInHalo.g(),
+            0.1,
+        ),
+        ("separated clumps", clumps(20_000, 10.0), 1.0, 0.005),
+        ("interpenetrating clumps", clumps(20_000, 0.3), 1.0, 0.005),
+    ];
+    for (name, p, g, eps) in &sets {
+        let s = settings(*g, *eps);
+        // Every particle: p99 over a small sample would be decided by a handful of them.
+        let idx: Vec<usize> = (0..p.len()).collect();
+        let (one, _) = distributed(p, 1, &s, 1);
+        let base = errors(p, &one, &s, &idx);
+        for k in [2, 3, 4, 8] {
+            let (acc, stats) = distributed(p, k, &s, 1);
+            let e = errors(p, &acc, &s, &idx);
+            let remote_m2l: usize = stats.iter().map(|r| r.fmm.remote_m2l).sum();
+            eprintln!(
+                "{name} K={k}: aggL2 {:.2e} (1 rank {:.2e}), p99 {:.2e} ({:.2e}), cross-domain M2L {remote_m2l}",
+                e.agg_l2, base.agg_l2, e.p99, base.p99
+            );
+            assert!(
+                remote_m2l > 0,
+                "{name} K={k}: no cross-domain far pair was used"
+            );
+            assert!(
+                e.agg_l2 <= 1.2 * base.agg_l2,
+                "{name} K={k}: aggL2 {} vs {}",
+                e.agg_l2,
+                base.agg_l2
+            );
+            assert!(
+                e.p99 <= 1.2 * base.p99,
+                "{name} K={k}: p99 {} vs {}",
+                e.p99,
+                base.p99
+            );
+        }
+    }
+}
+
+fn galaxy(n: usize) -> (Particles, f64) {
+    let model = leapfmm::ics::ModelFile::load(&common::repo("ics/milky_way.toml")).unwrap();
+    let (p, _) = leapfmm::ics::generate(&model, n, 4);
+    (p, model.units.gravitational_constant())
+}
+
+/// LET figures for the galaxy model on 4 ranks at N = 1e5 and 1e6 (second evaluation, so
+/// that the domains are balanced on measured work): the mean LET bytes received per rank and
+/// the largest ratio of LET bytes received to the rank's own (position, mass) bytes.
+fn galaxy_traffic() -> Vec<(usize, f64, f64)> {
+    let mut out = Vec::new();
+    for n in [100_000, 1_000_000] {
+        let (p, g) = galaxy(n);
+        let s = FmmSettings {
+            order: 7,
+            theta: 0.75,
+            leaf_size: 128,
+            ..settings(g, 0.05)
+        };
+        let (_, stats) = distributed(&p, 4, &s, 2);
+        let own_bytes = stats.iter().map(|r| 32 * r.particles).collect::<Vec<_>>();
+        for (r, st) in stats.iter().enumerate() {
+            eprintln!(
+                "N={n} rank {r}: {} particles, work {:.3e}, imbalance {:.3}, LET received {} cells + {} particles = {} bytes ({:.1}% of own (pos, mass) bytes), top tree {} bytes",
+                st.particles,
+                st.work,
+                st.imbalance,
+                st.let_cells,
+                st.let_particles,
+                st.let_bytes_received,
+                100.0 * st.let_bytes_received as f64 / own_bytes[r] as f64,
+                st.top_bytes_received
+            );
+            assert!(
+                st.imbalance <= 1.10,
+                "N={n}: load imbalance {} on the second step",
+                st.imbalance
+            );
+        }
+        let mean: f64 = stats
+            .iter()
+            .map(|r| r.let_bytes_received as f64)
+            .sum::<f64>()
+            / stats.len() as f64;
+        let worst = stats
+            .iter()
+            .zip(&own_bytes)
+            .map(|(r, &o)| r.let_bytes_received as f64 / o as f64)
+            .fold(0.0, f64::max);
+        out.push((n, mean, worst));
+    }
+    out
+}
+
+#[test]
+fn load_balance_and_surface_scaling_on_the_galaxy() {
+    let t = galaxy_traffic();
+    let growth = t[1].1 / t[0].1;
+    eprintln!(
+        "LET bytes per rank grew {growth:.2}x for 10x the particles; at 1e6 at most {:.1}% of own bytes",
+        100.0 * t[1].2
+    );
+    assert!(growth <= 5.5, "LET traffic grew {growth}x");
+}
+
+#[test]
+#[ignore = "issue 5 target not met yet: the LET is about 104% of the own (pos, mass) bytes at N = 1e6, K = 4 (target 25%)"]
+fn let_traffic_is_a_quarter_of_own_bytes_on_the_galaxy() {
+    let t = galaxy_traffic();
+    assert!(t[1].2 <= 0.25, "LET traffic {} of own bytes", t[1].2);
+}
