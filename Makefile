@@ -4,10 +4,13 @@
 CARGO ?= cargo
 CONFIG ?= configs/quickstart.toml
 
-.PHONY: deps build run test lint bench
+.PHONY: deps deps-mpi build run test test-mpi lint bench
 
 deps:
 	@scripts/install-deps.sh
+
+deps-mpi:
+	@scripts/install-deps.sh mpi
 
 build: deps
 	$(CARGO) build --release
@@ -22,6 +25,14 @@ test: deps
 		$(CARGO) nextest run --release --no-fail-fast; \
 	else \
 		$(CARGO) test --release --no-fail-fast; \
+	fi
+
+# The MPI tests: `mpirun -n 2` and `-n 3` against thread ranks (feature `mpi`).
+test-mpi: deps-mpi
+	@if command -v cargo-nextest >/dev/null 2>&1; then \
+		$(CARGO) nextest run --release --features mpi --test mpi --no-fail-fast; \
+	else \
+		$(CARGO) test --release --features mpi --test mpi --no-fail-fast; \
 	fi
 
 lint: deps

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Installs the system packages leapfmm needs to build, only those that are missing.
 # As root on Debian/Ubuntu it uses apt-get; otherwise it prints what to install.
+# `install-deps.sh mpi` adds what the `mpi` feature needs (an MPI library, mpirun, and
+# libclang for rsmpi's bindings).
 set -euo pipefail
 
 packages=(libhdf5-dev pkg-config)
+if [ "${1:-}" = "mpi" ]; then
+    packages+=(libopenmpi-dev openmpi-bin libclang-dev)
+fi
 missing=()
 for p in "${packages[@]}"; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

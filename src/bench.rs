@@ -3,7 +3,7 @@
 use crate::ics::galaxy::disk::DiskProfile;
 use crate::ics::hernquist::Hernquist;
 use crate::ics::plummer::Plummer;
-use crate::ics::sampling::{SphericalModel, isotropic_unit, sample_blocks};
+use crate::ics::sampling::{Share, SphericalModel, Stream, isotropic_unit, sample_blocks};
 use crate::particles::{Component, Particles};
 use rand::RngExt;
 
@@ -49,26 +49,45 @@ impl Workload {
         match self {
             Workload::Plummer => {
                 let model = Plummer::new(1.0, 3.0 * std::f64::consts::PI / 16.0, 1.0);
-                positions(&model, None, n, seed, 0, Component::Generic, 1)
+                positions(&model, None, n, Component::Generic, stream(seed, 0, 1))
             }
             Workload::DiskInHalo => {
                 let n_disk = n / 3;
                 let n_halo = n - n_disk;
                 let halo = Hernquist::new(100.0, 30.0, 1.0);
-                let mut p = positions(&halo, Some(300.0), n_halo, seed, 1, Component::Halo, 1);
+                let mut p = positions(
+                    &halo,
+                    Some(300.0),
+                    n_halo,
+                    Component::Halo,
+                    stream(seed, 1, 1),
+                );
                 let disk_mass = 5.0 / n_disk.max(1) as f64;
                 let profile = DiskProfile::new(5.0, 3.0, 0.3, 30.0);
-                p.extend(sample_blocks(n_disk, seed, 2, (n_halo + 1) as u64, |rng| {
-                    (
-                        profile.sample_position(rng),
-                        [0.0; 3],
-                        disk_mass,
-                        Component::Disk,
-                    )
-                }));
+                p.extend(sample_blocks(
+                    n_disk,
+                    stream(seed, 2, n_halo as u64 + 1),
+                    Share::WHOLE,
+                    |rng| {
+                        (
+                            profile.sample_position(rng),
+                            [0.0; 3],
+                            disk_mass,
+                            Component::Disk,
+                        )
+                    },
+                ));
                 p
             }
         }
+    }
+}
+
+fn stream(seed: u64, stream: u64, first_id: u64) -> Stream {
+    Stream {
+        seed,
+        stream,
+        first_id,
     }
 }
 
@@ -77,14 +96,12 @@ fn positions<M: SphericalModel>(
     model: &M,
     truncation: Option<f64>,
     n: usize,
-    seed: u64,
-    stream: u64,
     component: Component,
-    first_id: u64,
+    stream: Stream,
 ) -> Particles {
     let u_max = truncation.map_or(1.0, |rt| model.mass_fraction(rt));
     let mass = model.total_mass() * u_max / n.max(1) as f64;
-    sample_blocks(n, seed, stream, first_id, |rng| {
+    sample_blocks(n, stream, Share::WHOLE, |rng| {
         let r = model.radius_of_mass_fraction(u_max * rng.random::<f64>());
         let d = isotropic_unit(rng);
         ([r * d[0], r * d[1], r * d[2]], [0.0; 3], mass, component)

@@ -125,6 +125,25 @@ impl Particles {
         self.component.extend(other.component);
     }
 
+    /// A copy of the particles at positions `range` (accelerations and potentials where
+    /// present).
+    pub fn slice(&self, range: std::ops::Range<usize>) -> Particles {
+        let part = |v: &[[f64; 3]]| v.get(range.clone()).map(<[_]>::to_vec).unwrap_or_default();
+        Particles {
+            pos: part(&self.pos),
+            vel: part(&self.vel),
+            acc: part(&self.acc),
+            pot: self
+                .pot
+                .get(range.clone())
+                .map(<[_]>::to_vec)
+                .unwrap_or_default(),
+            mass: self.mass[range.clone()].to_vec(),
+            id: self.id[range.clone()].to_vec(),
+            component: self.component[range].to_vec(),
+        }
+    }
+
     /// Indices of the particles of one component, in store order.
     pub fn indices_of(&self, component: Component) -> Vec<usize> {
         (0..self.len())

@@ -2,22 +2,36 @@
 //! checkpoints, diagnostics, and a clean stop on SIGINT/SIGTERM.
 //!
 //! Run folder layout: `config.toml` (the config as last run), `diagnostics.csv`,
-//! `snapshots/snap_NNN.hdf5`, `checkpoints/checkpoint_SSSSSSSSSSSS.ckpt`.
+//! `snapshots/snap_NNN.hdf5`, `checkpoints/checkpoint_SSSSSSSSSSSS.ckpt`. On K > 1 ranks
+//! every rank runs the same loop on its own particles: snapshots are GADGET multi-file sets
+//! (`snapshots/snapdir_NNN/snap_NNN.R.hdf5`), checkpoints are rank sets committed by a
+//! manifest, rank 0 writes the logs (with per-rank figures in `ranks.csv`), and every global
+//! decision (step size, energy, when to stop) comes from a collective, so all ranks agree.
 
 use crate::config::{
     ConfigError, IcSource, RunConfig, RunSpec, SolverKind, flatten, resume_conflicts,
     whole_multiple,
 };
+use crate::distributed::comm::{
+    CommError, Communicator, SingleRank, allgatherv, allreduce_max, allreduce_sum, run_thread_ranks,
+};
+use crate::distributed::driver::DistributedFmm;
 use crate::fmm::caps::{Caps, CapsPolicy};
 use crate::fmm::presets::PresetsStore;
 use crate::fmm::{FmmSettings, FmmSolver};
 use crate::gravity::{DirectSummation, GravityError, GravitySolver, SolverStat};
 use crate::ics;
-use crate::integrate::diagnostics::{Conserved, DiagnosticsLog, PhaseTimes, Row};
+use crate::ics::Share;
+use crate::ics::sampling::{block_moments, centre_on};
+use crate::integrate::diagnostics::{
+    CONSERVED_SUMS, Conserved, DiagnosticsLog, PhaseTimes, RankLog, Row,
+};
 use crate::integrate::leapfrog::{drift, kick, max_acceleration};
 use crate::integrate::timestep::{Timeline, TimestepError, criterion_dt};
 use crate::io::checkpoint::{self, CheckpointError};
-use crate::io::snapshot::{SnapshotError, SnapshotInfo, read_snapshot, write_snapshot};
+use crate::io::snapshot::{
+    MultiFile, SnapshotError, SnapshotInfo, part_type_counts, read_snapshot, write_snapshot,
+};
 use crate::particles::Particles;
 use crate::progress::Progress;
 use crate::units::UnitSystem;
@@ -59,6 +73,19 @@ pub enum RunError {
     /// The run folder's state does not allow what was asked.
     #[error("{0}")]
     State(String),
+    /// Ranks could not agree (another rank failed, or a timeout).
+    #[error(transparent)]
+    Communication(#[from] CommError),
+    /// One rank of a multi-rank run failed; the others stopped with it.
+    #[error("rank {rank} of {ranks} failed: {reason}")]
+    Rank {
+        /// The rank that failed first.
+        rank: usize,
+        /// Ranks in the run.
+        ranks: usize,
+        /// Its error.
+        reason: String,
+    },
 }
 
 fn io_err(path: &Path, what: &'static str) -> impl FnOnce(std::io::Error) -> RunError {
@@ -77,7 +104,13 @@ pub struct RunOptions {
     pub resume: bool,
     /// No progress output.
     pub quiet: bool,
+    /// Thread ranks to split the particles over (0 or 1: one).
+    pub ranks: usize,
 }
+
+/// Collective waits of thread ranks give up after this long: a last resort, since a failing
+/// rank stops the others at once.
+const RANK_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// How a run ended without error.
 #[derive(Debug, Clone, PartialEq)]
@@ -133,6 +166,9 @@ pub struct Checkpoint {
     pub particles: Particles,
     /// The force solver's buffer capacities, so a resumed run needs no retries.
     pub caps: Option<Caps>,
+    /// Per-particle work the next domain decomposition balances on (runs on several ranks;
+    /// empty otherwise), so a resumed run decomposes exactly as the original would have.
+    pub decomposition_work: Vec<f64>,
 }
 
 /// Folder of the snapshots of a run.
@@ -145,16 +181,38 @@ pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("checkpoints")
 }
 
-/// Path of snapshot number `index`.
+/// Path of snapshot number `index` of a single-rank run (for K ranks, the first file of the
+/// set: `snapshot_file(run_dir, index, 0, K)`).
 pub fn snapshot_path(run_dir: &Path, index: u32) -> PathBuf {
-    snapshot_dir(run_dir).join(format!("snap_{index:03}.hdf5"))
+    snapshot_file(run_dir, index, 0, 1)
 }
 
-/// The force solver a config asks for.
-pub fn make_solver(config: &RunConfig) -> Box<dyn GravitySolver> {
+/// Path of rank `rank`'s file of snapshot `index` in a run on `ranks` ranks, in GADGET-4's
+/// multi-file naming.
+pub fn snapshot_file(run_dir: &Path, index: u32, rank: usize, ranks: usize) -> PathBuf {
+    if ranks <= 1 {
+        snapshot_dir(run_dir).join(format!("snap_{index:03}.hdf5"))
+    } else {
+        snapshot_dir(run_dir)
+            .join(format!("snapdir_{index:03}"))
+            .join(format!("snap_{index:03}.{rank}.hdf5"))
+    }
+}
+
+/// The force solver a config asks for, on the rank `comm`.
+pub fn make_solver<C: Communicator + 'static>(
+    config: &RunConfig,
+    comm: C,
+) -> Result<Box<dyn GravitySolver>, RunError> {
     let g = config.units.gravitational_constant();
     let gravity = &config.gravity;
-    match gravity.solver {
+    Ok(match gravity.solver {
+        SolverKind::Direct if comm.size() > 1 => {
+            return Err(RunError::State(
+                "gravity.solver = \"direct\" runs on one rank only; use \"fmm\" with --ranks"
+                    .into(),
+            ));
+        }
         SolverKind::Direct => Box::new(DirectSummation::new(g, gravity.softening())),
         SolverKind::Fmm => {
             let settings = FmmSettings {
@@ -173,9 +231,13 @@ pub fn make_solver(config: &RunConfig) -> Box<dyn GravitySolver> {
                 .caps_presets
                 .clone()
                 .unwrap_or_else(|| config.output_dir.join("caps_presets.json"));
-            Box::new(FmmSolver::new(settings, Some(PresetsStore::new(presets))))
+            Box::new(DistributedFmm::new(
+                comm,
+                FmmSolver::new(settings, None),
+                Some(PresetsStore::new(presets)),
+            ))
         }
-    }
+    })
 }
 
 /// SIGINT/SIGTERM handling for the duration of a run: the first signal is recorded and
@@ -227,9 +289,51 @@ impl Drop for SignalGuard {
     }
 }
 
-/// Runs (or resumes) the run described by `spec` to its end time.
+/// Runs (or resumes) the run described by `spec` to its end time, on `options.ranks`
+/// thread ranks.
 pub fn run(spec: &RunSpec, options: RunOptions) -> Result<RunOutcome, RunError> {
-    let mut sim = Simulation::prepare(spec, options)?;
+    let ranks = options.ranks.max(1);
+    if ranks == 1 {
+        return run_with(spec, options, SingleRank);
+    }
+    let signals = SignalGuard::install()?;
+    let threads = (rayon::current_num_threads() / ranks).max(1);
+    let outcomes = run_thread_ranks(ranks, threads, RANK_TIMEOUT, |comm| {
+        let solver = make_solver(&spec.config, comm.clone())?;
+        run_rank(spec, options, comm, solver, &signals)
+    })
+    .map_err(|(rank, reason)| RunError::Rank {
+        rank,
+        ranks,
+        reason,
+    })?;
+    outcomes
+        .into_iter()
+        .next()
+        .ok_or_else(|| RunError::State("no rank reported how the run ended".into()))
+}
+
+/// Runs (or resumes) the run as the rank `comm` of a group that every rank runs alike (one
+/// process alone, or one MPI rank).
+pub fn run_with<C: Communicator + Clone + 'static>(
+    spec: &RunSpec,
+    options: RunOptions,
+    comm: C,
+) -> Result<RunOutcome, RunError> {
+    let signals = SignalGuard::install()?;
+    let solver = make_solver(&spec.config, comm.clone())?;
+    run_rank(spec, options, &comm, solver, &signals)
+}
+
+/// One rank's part of `run`.
+fn run_rank(
+    spec: &RunSpec,
+    options: RunOptions,
+    comm: &dyn Communicator,
+    solver: Box<dyn GravitySolver>,
+    signals: &SignalGuard,
+) -> Result<RunOutcome, RunError> {
+    let mut sim = Simulation::prepare(spec, options, comm, solver)?;
     if sim.state.ti >= sim.ti_end {
         sim.progress.note(&format!(
             "{}: already finished at t = {}; nothing to do",
@@ -240,15 +344,15 @@ pub fn run(spec: &RunSpec, options: RunOptions) -> Result<RunOutcome, RunError> 
             time: sim.timeline.time(sim.state.ti),
         });
     }
-    let signals = SignalGuard::install()?;
-    let outcome = sim.advance(&signals);
+    let outcome = sim.advance(signals);
     sim.progress.finish();
     outcome
 }
 
-/// A run in progress.
+/// A run in progress (one rank's part of it).
 struct Simulation<'a> {
     spec: &'a RunSpec,
+    comm: &'a dyn Communicator,
     particles: Particles,
     state: RunState,
     solver: Box<dyn GravitySolver>,
@@ -258,7 +362,8 @@ struct Simulation<'a> {
     checkpoint_every: Option<u64>,
     checkpoint_wall: Duration,
     last_checkpoint: Instant,
-    log: DiagnosticsLog,
+    /// The run's logs, written by rank 0 only.
+    logs: Option<Logs>,
     progress: Progress,
     wall: PhaseTimes,
     interactions: u64,
@@ -266,10 +371,57 @@ struct Simulation<'a> {
     solver_stats: Vec<SolverStat>,
 }
 
+/// `diagnostics.csv`, and `ranks.csv` on more than one rank.
+struct Logs {
+    diagnostics: DiagnosticsLog,
+    ranks: Option<RankLog>,
+}
+
+impl Logs {
+    fn open(
+        run_dir: &Path,
+        names: &[&str],
+        ranks: usize,
+        resume_step: Option<u64>,
+    ) -> Result<Self, RunError> {
+        let path = run_dir.join("diagnostics.csv");
+        let diagnostics = match resume_step {
+            Some(step) => DiagnosticsLog::resume(&path, step, names)
+                .map_err(io_err(&path, "reopening the diagnostics log"))?,
+            None => DiagnosticsLog::create(&path, names)
+                .map_err(io_err(&path, "creating the diagnostics log"))?,
+        };
+        let ranks = if ranks > 1 {
+            let path = run_dir.join("ranks.csv");
+            Some(
+                RankLog::open(&path, names, resume_step)
+                    .map_err(io_err(&path, "opening the per-rank log"))?,
+            )
+        } else {
+            None
+        };
+        Ok(Logs { diagnostics, ranks })
+    }
+}
+
+/// Where a resumed rank's state comes from.
+struct Resumed {
+    state: RunState,
+    particles: Particles,
+    caps: Option<Caps>,
+    work: Vec<f64>,
+}
+
 impl<'a> Simulation<'a> {
-    fn prepare(spec: &'a RunSpec, options: RunOptions) -> Result<Self, RunError> {
+    fn prepare(
+        spec: &'a RunSpec,
+        options: RunOptions,
+        comm: &'a dyn Communicator,
+        mut solver: Box<dyn GravitySolver>,
+    ) -> Result<Self, RunError> {
         let c = &spec.config;
         let run_dir = &spec.run_dir;
+        let (rank, ranks) = (comm.rank(), comm.size());
         let ckpt_dir = checkpoint_dir(run_dir);
         let existing = checkpoint::list(&ckpt_dir)?;
         let has_outputs = run_dir.join("diagnostics.csv").exists()
@@ -284,39 +436,21 @@ impl<'a> Simulation<'a> {
                 spec.source.path.display()
             )));
         }
+        // Every rank has looked at the folder before rank 0 writes into it.
+        comm.barrier()?;
         let timeline = Timeline {
             dt_max: c.integrator.dt_max,
         };
         let ticks_of = |v: f64| whole_multiple(v, c.integrator.dt_max).map(Timeline::ticks);
         let ti_end = ticks_of(c.integrator.t_end).unwrap_or(0);
-        let progress = Progress::new(&c.name, c.integrator.t_end, options.quiet);
+        let progress = Progress::new(&c.name, c.integrator.t_end, options.quiet || rank != 0);
         for dir in [run_dir.clone(), snapshot_dir(run_dir), ckpt_dir.clone()] {
             std::fs::create_dir_all(&dir).map_err(io_err(&dir, "creating the run folder"))?;
         }
-        let mut solver = make_solver(c);
         let stat_names = solver.stat_names();
 
         let resumed = if options.resume && !existing.is_empty() {
-            let found = checkpoint::newest_valid::<Checkpoint>(&ckpt_dir)?.ok_or_else(|| {
-                RunError::State(format!("no checkpoint in {}", ckpt_dir.display()))
-            })?;
-            let (path, ckpt) = (found.path, found.payload);
-            check_resumable(spec, &ckpt, &path)?;
-            for (bad, reason) in &found.rejected {
-                let aside = checkpoint::set_aside(bad)?;
-                progress.warn(&format!(
-                    "{reason}; set aside as {} and resuming from the previous checkpoint",
-                    aside.display()
-                ));
-            }
-            progress.note(&format!(
-                "{}: resuming from {} (step {}, t = {})",
-                c.name,
-                path.display(),
-                ckpt.state.step,
-                timeline.time(ckpt.state.ti)
-            ));
-            Some(ckpt)
+            Some(load_checkpoint(spec, comm, &progress, &timeline)?)
         } else {
             if options.resume && has_outputs {
                 progress.note(&format!(
@@ -327,23 +461,23 @@ impl<'a> Simulation<'a> {
             None
         };
 
-        let config_copy = run_dir.join("config.toml");
-        write_atomically(&config_copy, spec.source.text.as_bytes())?;
-
-        let log_path = run_dir.join("diagnostics.csv");
-        let (particles, state, log, fresh) = match resumed {
-            Some(ckpt) => {
-                let log = DiagnosticsLog::resume(&log_path, ckpt.state.step, &stat_names)
-                    .map_err(io_err(&log_path, "reopening the diagnostics log"))?;
-                if let Some(caps) = ckpt.caps {
+        let logs = if rank == 0 {
+            write_atomically(&run_dir.join("config.toml"), spec.source.text.as_bytes())?;
+            let step = resumed.as_ref().map(|r| r.state.step);
+            Some(Logs::open(run_dir, &stat_names, ranks, step)?)
+        } else {
+            None
+        };
+        let (particles, state, fresh) = match resumed {
+            Some(r) => {
+                if let Some(caps) = r.caps {
                     solver.set_caps(caps);
                 }
-                (ckpt.particles, ckpt.state, log, false)
+                solver.set_decomposition_work(r.work);
+                (r.particles, r.state, false)
             }
             None => {
-                let particles = initial_particles(spec, &progress)?;
-                let log = DiagnosticsLog::create(&log_path, &stat_names)
-                    .map_err(io_err(&log_path, "creating the diagnostics log"))?;
+                let particles = initial_particles(spec, comm, &progress)?;
                 let state = RunState {
                     ti: 0,
                     step: 0,
@@ -351,11 +485,12 @@ impl<'a> Simulation<'a> {
                     energy0: 0.0,
                     snapshots_written: 0,
                 };
-                (particles, state, log, true)
+                (particles, state, true)
             }
         };
         let mut sim = Simulation {
             spec,
+            comm,
             particles,
             state,
             solver,
@@ -365,7 +500,7 @@ impl<'a> Simulation<'a> {
             checkpoint_every: c.output.checkpoint_interval.and_then(ticks_of),
             checkpoint_wall: Duration::from_secs_f64(c.output.checkpoint_wall_minutes * 60.0),
             last_checkpoint: Instant::now(),
-            log,
+            logs,
             progress,
             wall: PhaseTimes::default(),
             interactions: 0,
@@ -387,20 +522,32 @@ impl<'a> Simulation<'a> {
             .time_unit_gyr()
             .map(|gyr| format!(" ({:.0} Myr)", c.integrator.t_end * gyr * 1e3))
             .unwrap_or_default();
+        let total = allreduce_sum(self.comm, &[self.particles.len() as u64])?[0];
+        let ranks = match self.comm.size() {
+            1 => String::new(),
+            k => format!(" on {k} ranks"),
+        };
         self.progress.note(&format!(
-            "{}: {} particles, solver '{}', t_end = {}{physical}, output in {}",
+            "{}: {total} particles{ranks}, solver '{}', t_end = {}{physical}, output in {}",
             c.name,
-            self.particles.len(),
             self.solver.name(),
             c.integrator.t_end,
             self.spec.run_dir.display()
         ));
         self.compute_forces()?;
-        self.state.energy0 = Conserved::measure(&self.particles).total();
+        self.state.energy0 = self.conserved()?.total();
         self.write_diagnostics()?;
         self.write_snapshot()?;
         self.write_checkpoint()?;
         Ok(())
+    }
+
+    /// The conserved quantities of all ranks' particles.
+    fn conserved(&self) -> Result<Conserved, RunError> {
+        let sums = allreduce_sum(self.comm, &Conserved::sums(&self.particles))?;
+        let mut all = [0.0; CONSERVED_SUMS];
+        all.copy_from_slice(&sums);
+        Ok(Conserved::from_sums(&all))
     }
 
     fn compute_forces(&mut self) -> Result<(), RunError> {
@@ -437,11 +584,19 @@ impl<'a> Simulation<'a> {
             let ti = self.state.ti;
             let finished = ti >= self.ti_end;
             let at_snapshot = finished || self.snapshot_every.is_some_and(|s| ti.is_multiple_of(s));
-            let signal = signals.received();
+            // Signals and the wall clock are seen per rank; the ranks act on them together.
+            let local = [
+                f64::from(signals.received().unwrap_or(0)),
+                f64::from(u8::from(
+                    self.last_checkpoint.elapsed() >= self.checkpoint_wall,
+                )),
+            ];
+            let agreed = allreduce_max(self.comm, &local)?;
+            let signal = (agreed[0] > 0.0).then_some(agreed[0] as i32);
             let at_checkpoint = finished
                 || signal.is_some()
                 || self.checkpoint_every.is_some_and(|s| ti.is_multiple_of(s))
-                || self.last_checkpoint.elapsed() >= self.checkpoint_wall;
+                || agreed[1] > 0.0;
             if self.state.step.is_multiple_of(every) || at_snapshot || at_checkpoint {
                 self.write_diagnostics()?;
             }
@@ -484,11 +639,8 @@ impl<'a> Simulation<'a> {
         let wanted = if integ.fixed_step {
             f64::INFINITY
         } else {
-            criterion_dt(
-                integ.eta,
-                self.spec.config.gravity.softening,
-                max_acceleration(&self.particles),
-            )
+            let a_max = allreduce_max(self.comm, &[max_acceleration(&self.particles)])?[0];
+            criterion_dt(integ.eta, self.spec.config.gravity.softening, a_max)
         };
         let level = self.timeline.choose_level(self.state.ti, wanted)?;
         let dt = self.timeline.level_dt(level);
@@ -505,25 +657,51 @@ impl<'a> Simulation<'a> {
         Ok(())
     }
 
+    /// A diagnostics row (collective): global sums, the slowest rank's phase times, and
+    /// per solver figure the largest over ranks (every rank's in `ranks.csv`).
     fn write_diagnostics(&mut self) -> Result<(), RunError> {
         let start = Instant::now();
-        let conserved = Conserved::measure(&self.particles);
+        let conserved = self.conserved()?;
         self.wall.diagnostics += start.elapsed().as_secs_f64();
+        let interactions = allreduce_sum(self.comm, &[self.interactions])?[0];
+        let w = &self.wall;
+        let wall = allreduce_max(self.comm, &[w.force, w.integrate, w.diagnostics, w.io])?;
         let values: Vec<f64> = self.solver_stats.iter().map(|s| s.value).collect();
-        let row = Row {
-            step: self.state.step,
-            time: self.timeline.time(self.state.ti),
-            dt: self.state.last_dt,
-            conserved,
-            energy0: self.state.energy0,
-            interactions: self.interactions,
-            wall: self.wall,
-            solver: &values,
-        };
-        let path = self.log.path().to_path_buf();
-        self.log
-            .append(&row)
-            .map_err(io_err(&path, "writing diagnostics"))?;
+        let per_rank = allgatherv(self.comm, &values)?;
+        if let Some(logs) = &mut self.logs {
+            let mut largest = per_rank[0].clone();
+            for other in &per_rank[1..] {
+                for (a, b) in largest.iter_mut().zip(other) {
+                    *a = a.max(*b);
+                }
+            }
+            let time = self.timeline.time(self.state.ti);
+            let row = Row {
+                step: self.state.step,
+                time,
+                dt: self.state.last_dt,
+                conserved,
+                energy0: self.state.energy0,
+                interactions,
+                wall: PhaseTimes {
+                    force: wall[0],
+                    integrate: wall[1],
+                    diagnostics: wall[2],
+                    io: wall[3],
+                },
+                solver: &largest,
+            };
+            let path = logs.diagnostics.path().to_path_buf();
+            logs.diagnostics
+                .append(&row)
+                .map_err(io_err(&path, "writing diagnostics"))?;
+            if let Some(ranks) = &mut logs.ranks {
+                let path = self.spec.run_dir.join("ranks.csv");
+                ranks
+                    .append(self.state.step, time, &per_rank)
+                    .map_err(io_err(&path, "writing the per-rank log"))?;
+            }
+        }
         self.wall = PhaseTimes::default();
         self.interactions = 0;
         for stat in self.solver_stats.iter_mut().filter(|s| s.summed) {
@@ -532,10 +710,28 @@ impl<'a> Simulation<'a> {
         Ok(())
     }
 
+    /// Snapshot (collective): one file, or one file per rank in a GADGET multi-file set.
     fn write_snapshot(&mut self) -> Result<(), RunError> {
         let start = Instant::now();
         let c = &self.spec.config;
-        let path = snapshot_path(&self.spec.run_dir, self.state.snapshots_written);
+        let (rank, ranks) = (self.comm.rank(), self.comm.size());
+        let index = self.state.snapshots_written;
+        let path = snapshot_file(&self.spec.run_dir, index, rank, ranks);
+        let multi_file = if ranks > 1 {
+            let total = allreduce_sum(self.comm, &part_type_counts(&self.particles))?;
+            if let Some(dir) = path.parent() {
+                std::fs::create_dir_all(dir)
+                    .map_err(io_err(dir, "creating the snapshot folder"))?;
+            }
+            let mut t = [0u64; 6];
+            t.copy_from_slice(&total);
+            Some(MultiFile {
+                files: ranks as u32,
+                total: t,
+            })
+        } else {
+            None
+        };
         let info = SnapshotInfo {
             time: self.timeline.time(self.state.ti),
             units: c.units,
@@ -544,6 +740,7 @@ impl<'a> Simulation<'a> {
             acceleration: c.output.snapshot_acceleration,
             parameters: flatten(c),
             settings_text: Some(&self.spec.source.text),
+            multi_file,
         };
         write_snapshot(&path, &self.particles, &info)?;
         self.state.snapshots_written += 1;
@@ -551,26 +748,119 @@ impl<'a> Simulation<'a> {
         Ok(())
     }
 
+    /// Checkpoint (collective): one file, or a rank set committed by rank 0 only after every
+    /// rank has written its file.
     fn write_checkpoint(&mut self) -> Result<PathBuf, RunError> {
         let start = Instant::now();
+        let (rank, ranks) = (self.comm.rank(), self.comm.size());
         let ckpt = Checkpoint {
             version: env!("CARGO_PKG_VERSION").to_string(),
             config_text: self.spec.source.text.clone(),
             state: self.state.clone(),
             particles: self.particles.clone(),
             caps: self.solver.caps(),
+            decomposition_work: if ranks > 1 {
+                self.solver.decomposition_work()
+            } else {
+                Vec::new()
+            },
         };
         let keep = self.spec.config.output.keep_checkpoints.max(1) as usize;
-        let path = checkpoint::write(
-            &checkpoint_dir(&self.spec.run_dir),
-            self.state.step,
-            &ckpt,
-            keep,
-        )?;
+        let dir = checkpoint_dir(&self.spec.run_dir);
+        let step = self.state.step;
+        let path = if ranks == 1 {
+            checkpoint::write(&dir, step, &ckpt, keep)?
+        } else {
+            let written = checkpoint::write_rank(&dir, step, rank, &ckpt);
+            let failed = allreduce_sum(self.comm, &[u64::from(written.is_err())])?[0];
+            written?;
+            if failed > 0 {
+                return Err(RunError::State(format!(
+                    "the checkpoint of step {step} failed on another rank; it was not committed"
+                )));
+            }
+            if rank == 0 {
+                checkpoint::commit_set(&dir, step, ranks, keep)?;
+            }
+            // Committed before any rank goes on (and might be stopped).
+            self.comm.barrier()?;
+            dir.join(checkpoint::manifest_name(step))
+        };
         self.last_checkpoint = Instant::now();
         self.wall.io += start.elapsed().as_secs_f64();
         Ok(path)
     }
+}
+
+/// Reads the newest valid checkpoint (collective) and takes this rank's part: its own file
+/// when the rank count is unchanged (bit-exact), otherwise an equal share of all particles
+/// (redistribution; the next force evaluation rebalances).
+fn load_checkpoint(
+    spec: &RunSpec,
+    comm: &dyn Communicator,
+    progress: &Progress,
+    timeline: &Timeline,
+) -> Result<Resumed, RunError> {
+    let c = &spec.config;
+    let ckpt_dir = checkpoint_dir(&spec.run_dir);
+    let (rank, ranks) = (comm.rank(), comm.size());
+    let found = checkpoint::newest_valid::<Checkpoint>(&ckpt_dir)?
+        .ok_or_else(|| RunError::State(format!("no checkpoint in {}", ckpt_dir.display())))?;
+    let path = found.entry.path().to_path_buf();
+    let first = found
+        .payloads
+        .first()
+        .ok_or_else(|| RunError::State(format!("{}: the checkpoint is empty", path.display())))?;
+    check_resumable(spec, first, &path)?;
+    // Every rank has read before rank 0 renames anything.
+    comm.barrier()?;
+    if rank == 0 {
+        for (bad, reason) in &found.rejected {
+            let aside = checkpoint::set_aside(bad)?;
+            progress.warn(&format!(
+                "{reason}; set aside as {} and resuming from the previous checkpoint",
+                aside.display()
+            ));
+        }
+    }
+    let state = first.state.clone();
+    progress.note(&format!(
+        "{}: resuming from {} (step {}, t = {})",
+        c.name,
+        path.display(),
+        state.step,
+        timeline.time(state.ti)
+    ));
+    let saved = found.payloads.len();
+    if saved == ranks {
+        let mut mine = found.payloads.into_iter().nth(rank).ok_or_else(|| {
+            RunError::State(format!("{}: no file for rank {rank}", path.display()))
+        })?;
+        if mine.decomposition_work.len() != mine.particles.len() {
+            mine.decomposition_work.clear();
+        }
+        return Ok(Resumed {
+            state,
+            particles: mine.particles,
+            caps: mine.caps,
+            work: mine.decomposition_work,
+        });
+    }
+    progress.note(&format!(
+        "{}: the checkpoint was written by {saved} rank(s); redistributing its particles over {ranks}",
+        c.name
+    ));
+    let mut all = Particles::default();
+    for ckpt in found.payloads {
+        all.extend(ckpt.particles);
+    }
+    let n = all.len();
+    Ok(Resumed {
+        state,
+        particles: all.slice(n * rank / ranks..n * (rank + 1) / ranks),
+        caps: None,
+        work: Vec::new(),
+    })
 }
 
 /// Refuses to resume when the config changed in a way that breaks the run's continuity.
@@ -592,11 +882,24 @@ fn check_resumable(spec: &RunSpec, ckpt: &Checkpoint, path: &Path) -> Result<(),
     Ok(())
 }
 
-/// Builds the initial particles from a model or reads them from a file, in the run's units.
-fn initial_particles(spec: &RunSpec, progress: &Progress) -> Result<Particles, RunError> {
+/// Builds this rank's initial particles (collective): its share of the model's sampling
+/// blocks, centred with every rank's block sums, or its share of a file's particles; in
+/// the run's units. The first force evaluation then balances the ranks.
+fn initial_particles(
+    spec: &RunSpec,
+    comm: &dyn Communicator,
+    progress: &Progress,
+) -> Result<Particles, RunError> {
+    let (rank, ranks) = (comm.rank(), comm.size());
     match &spec.ics {
         IcSource::Model { model, n, .. } => {
-            let (particles, warnings) = ics::generate(model, *n, spec.config.seed);
+            let share = Share { rank, ranks };
+            let (mut particles, warnings) = ics::generate_share(model, *n, spec.config.seed, share);
+            let moments: Vec<_> = allgatherv(comm, &block_moments(&particles))?
+                .into_iter()
+                .flatten()
+                .collect();
+            centre_on(&mut particles, &moments);
             for w in warnings {
                 progress.warn(&w);
             }
@@ -633,7 +936,12 @@ fn initial_particles(spec: &RunSpec, progress: &Progress) -> Result<Particles, R
                 )),
                 (None, _) => {}
             }
-            Ok(p)
+            let n = p.len();
+            Ok(if ranks > 1 {
+                p.slice(n * rank / ranks..n * (rank + 1) / ranks)
+            } else {
+                p
+            })
         }
     }
 }

@@ -303,4 +303,14 @@ fn other_subcommands_reject_bad_arguments() {
     );
     write(d, "notes.txt", "not hdf5");
     assert_rejected(d, &["info", "notes.txt"], 1, &["notes.txt"]);
+    // Direct summation has no distributed version: refused before anything is written.
+    let cfg = write(d, "direct.toml", &base_config());
+    assert_rejected(
+        d,
+        &["run", cfg.to_str().unwrap(), "--ranks", "2", "--quiet"],
+        1,
+        &["gravity.solver", "direct", "--ranks"],
+    );
+    let out = run_in(d, &["run", cfg.to_str().unwrap(), "--ranks", "0"]);
+    assert_eq!(out.status.code(), Some(2));
 }

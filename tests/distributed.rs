@@ -5,9 +5,10 @@ mod common;
 use leapfmm::bench::Workload;
 use leapfmm::distributed::comm::{Communicator, ThreadRank, run_thread_ranks};
 use leapfmm::distributed::driver::{DistributedFmm, RankStats};
-use leapfmm::fmm::caps::CapsPolicy;
+use leapfmm::fmm::caps::{CapKind, Caps, CapsPolicy};
 use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::{FmmSettings, FmmSolver};
+use leapfmm::gravity::GravitySolver;
 use leapfmm::gravity::accuracy::{AccuracyStats, compare, direct_at};
 use leapfmm::gravity::{Softening, SofteningKernel};
 use leapfmm::particles::{Component, Particles};
@@ -41,8 +42,7 @@ fn distributed(
         for i in (comm.rank()..p.len()).step_by(k) {
             mine.push(p.pos[i], p.vel[i], p.mass[i], p.id[i], p.component[i]);
         }
-        let mut solver =
-            DistributedFmm::new(comm.clone(), FmmSolver::new(s.clone(), None).with_ranks(k));
+        let mut solver = DistributedFmm::new(comm.clone(), FmmSolver::new(s.clone(), None), None);
         let mut stats = RankStats::default();
         for _ in 0..steps {
             stats = solver.evaluate(&mut mine)?;
@@ -142,6 +142,77 @@ fn forces_on_k_ranks_match_one_rank() {
                 base.p99
             );
         }
+    }
+}
+
+#[test]
+fn a_rank_with_bad_input_stops_every_rank_at_once() {
+    let p = ids_from_one(Workload::Plummer.particles(8_000, 2));
+    let s = settings(1.0, 0.01);
+    let start = std::time::Instant::now();
+    let err = run_thread_ranks(4, 1, Duration::from_secs(120), |comm: &ThreadRank| {
+        let mut mine = Particles::default();
+        for i in (comm.rank()..p.len()).step_by(4) {
+            mine.push(p.pos[i], p.vel[i], p.mass[i], p.id[i], p.component[i]);
+        }
+        if comm.rank() == 2 {
+            mine.pos[10][1] = f64::NAN;
+        }
+        let mut solver = DistributedFmm::new(comm.clone(), FmmSolver::new(s.clone(), None), None);
+        for _ in 0..3 {
+            solver.compute(&mut mine)?;
+        }
+        Ok::<_, leapfmm::gravity::GravityError>(())
+    })
+    .unwrap_err();
+    assert_eq!(err.0, 2, "the failing rank is named: {err:?}");
+    assert!(err.1.contains("non-finite position"), "{err:?}");
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "the other ranks must stop at once, not wait for the 120 s timeout"
+    );
+}
+
+#[test]
+fn let_buffers_that_overflow_grow_and_retry_without_truncation() {
+    let p = ids_from_one(Workload::DiskInHalo.particles(20_000, 3));
+    let s = settings(Workload::DiskInHalo.g(), 0.1);
+    let run = |tiny: bool| {
+        run_thread_ranks(3, 1, Duration::from_secs(120), |comm: &ThreadRank| {
+            let mut mine = Particles::default();
+            for i in (comm.rank()..p.len()).step_by(3) {
+                mine.push(p.pos[i], p.vel[i], p.mass[i], p.id[i], p.component[i]);
+            }
+            let mut solver =
+                DistributedFmm::new(comm.clone(), FmmSolver::new(s.clone(), None), None);
+            if tiny {
+                solver.set_caps(Caps {
+                    cells: 1 << 16,
+                    m2l_pairs: 1 << 22,
+                    p2p_pairs: 1 << 20,
+                    let_cells: 1,
+                    let_particles: 1,
+                });
+            }
+            let stats = solver.evaluate(&mut mine)?;
+            let mut by_id: Vec<(u64, [f64; 3])> =
+                (0..mine.len()).map(|i| (mine.id[i], mine.acc[i])).collect();
+            by_id.sort_by_key(|x| x.0);
+            Ok::<_, leapfmm::gravity::GravityError>((by_id, stats))
+        })
+        .unwrap()
+    };
+    let tiny = run(true);
+    let roomy = run(false);
+    for ((a, sa), (b, _)) in tiny.iter().zip(&roomy) {
+        assert!(sa.fmm.retries > 0, "tiny LET caps must overflow");
+        assert!(sa.fmm.overflows[CapKind::LetCells as usize] > 0);
+        assert!(sa.fmm.overflows[CapKind::LetParticles as usize] > 0);
+        assert!(sa.let_particles > 0);
+        assert!(
+            a == b,
+            "an overflowed exchange must give the same forces after its retry"
+        );
     }
 }
 

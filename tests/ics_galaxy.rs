@@ -75,7 +75,7 @@ fn sampled_profiles_match_the_model() {
     let m = model("ics/milky_way.toml");
     let galaxy = Galaxy::new(&m);
     assert!(galaxy.warnings.is_empty(), "{:?}", galaxy.warnings);
-    let p = galaxy.generate(2_000_000, 3);
+    let p = galaxy.generate(2_000_000, 3, leapfmm::ics::Share::WHOLE);
     let grid = &galaxy.potential.grid;
     for (c, comp) in [
         (Component::Halo, galaxy.halo.as_ref().unwrap()),
@@ -173,4 +173,33 @@ fn same_bits_for_one_and_two_threads() {
             .install(|| ics::generate(&m, 30_000, 9).0)
     };
     assert!(sample(1) == sample(2));
+}
+
+#[test]
+fn ranks_generating_their_own_shares_give_the_same_bits() {
+    use leapfmm::ics::Share;
+    use leapfmm::ics::sampling::{block_moments, centre_on};
+    let m = model("ics/milky_way.toml");
+    let n = 50_000;
+    let by_id = |p: &leapfmm::particles::Particles| {
+        let mut v: Vec<_> = (0..p.len())
+            .map(|i| (p.id[i], p.pos[i], p.vel[i], p.mass[i], p.component[i]))
+            .collect();
+        v.sort_by_key(|x| x.0);
+        v
+    };
+    let whole = by_id(&ics::generate(&m, n, 4).0);
+    for ranks in [2, 3, 7] {
+        // Each rank samples its share; the block sums of all shares centre every one.
+        let shares: Vec<_> = (0..ranks)
+            .map(|rank| ics::generate_share(&m, n, 4, Share { rank, ranks }).0)
+            .collect();
+        let moments: Vec<_> = shares.iter().flat_map(block_moments).collect();
+        let mut joined = leapfmm::particles::Particles::default();
+        for mut s in shares {
+            centre_on(&mut s, &moments);
+            joined.extend(s);
+        }
+        assert!(by_id(&joined) == whole, "{ranks} ranks differ from one");
+    }
 }

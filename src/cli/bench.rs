@@ -273,6 +273,7 @@ fn export(path: &std::path::Path, workloads: &[Workload], sizes: &[usize]) -> Re
             toml::Value::Float(w.softening(n)),
         )],
         settings_text: None,
+        multi_file: None,
     };
     write_snapshot(path, &particles, &info)?;
     eprintln!(

@@ -1,10 +1,18 @@
 //! `leapfmm forces SNAPSHOT [--order P --theta T --leaf-size L --softening E]
-//! [-o OUT.hdf5] [--compare-direct M]`: FMM accelerations and potentials of a snapshot.
+//! [-o OUT.hdf5] [--compare-direct M] [--ranks K]`: FMM accelerations and potentials of a
+//! snapshot, on one rank or distributed over K thread ranks.
 
 use anyhow::{Context, Result, bail};
 use clap::builder::TypedValueParser;
 use clap::{Args, ValueEnum};
 use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
+#[cfg(feature = "mpi")]
+use leapfmm::distributed::comm::Communicator;
+#[cfg(feature = "mpi")]
+use leapfmm::distributed::driver::evaluate_share;
+use leapfmm::distributed::driver::{GatheredForces, RankFigures, evaluate_on_thread_ranks};
+#[cfg(feature = "mpi")]
+use leapfmm::distributed::mpi_rank::MpiRank;
 use leapfmm::fmm::caps::CapsPolicy;
 use leapfmm::fmm::expansion::MAX_ORDER;
 use leapfmm::fmm::p2p::NearFieldPrecision;
@@ -13,8 +21,10 @@ use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::accuracy::{compare, direct_at, sample_indices};
 use leapfmm::gravity::{GravitySolver, Softening, SofteningKernel};
 use leapfmm::io::snapshot::{
-    Velocities, read_parameter_f64, read_parameter_string, read_snapshot_with, write_forces,
+    SnapshotData, Velocities, read_parameter_f64, read_parameter_string, read_snapshot_with,
+    write_forces,
 };
+use leapfmm::particles::Particles;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -56,6 +66,9 @@ pub struct ForcesArgs {
     /// Caps presets file to start from and record in.
     #[arg(long)]
     presets: Option<PathBuf>,
+    /// Evaluate with the distributed solver on K thread ranks sharing this machine's cores.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024).map(|v| v as usize))]
+    ranks: usize,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -89,7 +102,7 @@ fn parse_softening(s: &str) -> Result<f64, String> {
 }
 
 /// Evaluates, writes, and reports.
-pub fn execute(args: ForcesArgs) -> Result<()> {
+pub fn execute(args: ForcesArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) -> Result<()> {
     let path = &args.snapshot;
     let read_start = Instant::now();
     let data = read_snapshot_with(path, Velocities::Skip)?;
@@ -150,8 +163,105 @@ pub fn execute(args: ForcesArgs) -> Result<()> {
         args.leaf_size,
         kernel.name()
     );
-    let mut solver = FmmSolver::new(settings, args.presets.clone().map(PresetsStore::new));
-    let p = data.particles;
+    let presets = args.presets.clone().map(PresetsStore::new);
+    let mut data = data;
+    let p = std::mem::take(&mut data.particles);
+    #[cfg(feature = "mpi")]
+    if let Some(comm) = mpi {
+        if args.ranks > 1 {
+            bail!(
+                "--ranks starts thread ranks; under mpirun, the MPI ranks are the ranks: drop --ranks"
+            );
+        }
+        let start = Instant::now();
+        let out = evaluate_share(comm, &p, &settings, args.repeat, presets)?;
+        if comm.rank() != 0 {
+            return Ok(());
+        }
+        report_distributed(&out, comm.size(), start);
+        return finish(path, data, p, &out.acc, &out.pot, &args, g, softening);
+    }
+    let (acc, pot) = if args.ranks > 1 {
+        let start = Instant::now();
+        let out = evaluate_on_thread_ranks(&p, &settings, args.ranks, args.repeat, presets)?;
+        report_distributed(&out, args.ranks, start);
+        (out.acc, out.pot)
+    } else {
+        single_rank(&p, settings, &args, presets)?
+    };
+    finish(path, data, p, &acc, &pot, &args, g, softening)
+}
+
+/// Accuracy report, then the forces written into the snapshot (or a copy).
+#[allow(clippy::too_many_arguments)]
+fn finish(
+    path: &std::path::Path,
+    data: SnapshotData,
+    p: Particles,
+    acc: &[[f64; 3]],
+    pot: &[f64],
+    args: &ForcesArgs,
+    g: f64,
+    softening: Softening,
+) -> Result<()> {
+    report_accuracy(&p, acc, args, g, softening);
+    let mut data = SnapshotData {
+        particles: p,
+        ..data
+    };
+    if let Some(out) = &args.output {
+        std::fs::copy(path, out)
+            .with_context(|| format!("cannot copy {} to {}", path.display(), out.display()))?;
+        data.files = vec![out.clone()];
+    }
+    write_forces(&data, acc, pot)?;
+    eprintln!(
+        "wrote Acceleration and Potential to {}",
+        data.files
+            .iter()
+            .map(|f| f.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    Ok(())
+}
+
+/// Reports the figures of a distributed evaluation (rank 0 of an MPI job, or the thread
+/// ranks' caller).
+fn report_distributed(out: &GatheredForces, ranks: usize, start: Instant) {
+    for (k, all) in out.figures.iter().enumerate() {
+        let max = |f: &dyn Fn(&RankFigures) -> f64| all.iter().map(f).fold(0.0, f64::max);
+        let wall = max(&|s| s.decomposition_s + s.exchange_s + s.local_s);
+        println!(
+            "evaluation {}: {wall:.3} s on {ranks} ranks (slowest rank; phases, slowest rank each: decomposition {:.3}, LET exchange {:.3}, local FMM {:.3} s); load imbalance {:.3}; {} retries; LET received per rank at most {} cells, {} particles, {} bytes ({} bytes of top trees)",
+            k + 1,
+            max(&|s| s.decomposition_s),
+            max(&|s| s.exchange_s),
+            max(&|s| s.local_s),
+            all.first().map_or(1.0, |s| s.imbalance),
+            all.iter().map(|s| s.retries).sum::<f64>(),
+            max(&|s| s.let_cells),
+            max(&|s| s.let_particles),
+            max(&|s| s.let_bytes_received),
+            max(&|s| s.top_bytes_received),
+        );
+    }
+    eprintln!(
+        "{} evaluation(s) on {ranks} ranks in {:.2} s (including the split and gathering the forces)",
+        out.figures.len(),
+        start.elapsed().as_secs_f64()
+    );
+}
+
+/// Forces and potentials from one rank, with per-phase figures.
+fn single_rank(
+    p: &Particles,
+    settings: FmmSettings,
+    args: &ForcesArgs,
+    presets: Option<PresetsStore>,
+) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
+    let n = p.len();
+    let mut solver = FmmSolver::new(settings, presets);
     let mut acc = vec![[0.0; 3]; n];
     let mut pot = vec![0.0; n];
     for k in 0..args.repeat {
@@ -178,39 +288,32 @@ pub fn execute(args: ForcesArgs) -> Result<()> {
     for w in solver.take_warnings() {
         eprintln!("warning: {w}");
     }
-    if let Some(m) = args.compare_direct {
-        let idx = sample_indices(n, m, args.seed);
-        let start = Instant::now();
-        let (reference, _) = direct_at(&p.pos, &p.mass, &idx, g, softening);
-        let fmm: Vec<[f64; 3]> = idx.iter().map(|&i| acc[i]).collect();
-        let e = compare(&fmm, &reference);
-        println!(
-            "accuracy vs direct summation on {} particles ({:.2} s): median {:.3e}, p99 {:.3e}, max {:.3e}, aggL2 {:.3e}",
-            e.count,
-            start.elapsed().as_secs_f64(),
-            e.median,
-            e.p99,
-            e.max,
-            e.agg_l2
-        );
-    }
-    let mut data = leapfmm::io::snapshot::SnapshotData {
-        particles: p,
-        ..data
+    Ok((acc, pot))
+}
+
+/// With `--compare-direct M`: error statistics against direct summation on M particles.
+fn report_accuracy(
+    p: &Particles,
+    acc: &[[f64; 3]],
+    args: &ForcesArgs,
+    g: f64,
+    softening: Softening,
+) {
+    let Some(m) = args.compare_direct else {
+        return;
     };
-    if let Some(out) = &args.output {
-        std::fs::copy(path, out)
-            .with_context(|| format!("cannot copy {} to {}", path.display(), out.display()))?;
-        data.files = vec![out.clone()];
-    }
-    write_forces(&data, &acc, &pot)?;
-    eprintln!(
-        "wrote Acceleration and Potential to {}",
-        data.files
-            .iter()
-            .map(|f| f.display().to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
+    let idx = sample_indices(p.len(), m, args.seed);
+    let start = Instant::now();
+    let (reference, _) = direct_at(&p.pos, &p.mass, &idx, g, softening);
+    let fmm: Vec<[f64; 3]> = idx.iter().map(|&i| acc[i]).collect();
+    let e = compare(&fmm, &reference);
+    println!(
+        "accuracy vs direct summation on {} particles ({:.2} s): median {:.3e}, p99 {:.3e}, max {:.3e}, aggL2 {:.3e}",
+        e.count,
+        start.elapsed().as_secs_f64(),
+        e.median,
+        e.p99,
+        e.max,
+        e.agg_l2
     );
-    Ok(())
 }

@@ -81,6 +81,7 @@ pub fn execute(args: IcsArgs) -> Result<()> {
         acceleration: false,
         parameters,
         settings_text: Some(&text),
+        multi_file: None,
     };
     write_snapshot(&args.output, &particles, &info)?;
     if let Some(path) = &args.curves {

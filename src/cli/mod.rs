@@ -35,13 +35,57 @@ enum Command {
 /// 0 success, 1 error (one line on stderr), 2 bad usage, 128+N stopped by signal N.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    #[cfg(feature = "mpi")]
+    {
+        use leapfmm::distributed::comm::Communicator;
+        use leapfmm::distributed::mpi_rank::{MpiEnvironment, launched_by_mpi};
+        if launched_by_mpi() {
+            let env = match MpiEnvironment::initialize() {
+                Ok(env) => env,
+                Err(e) => return report(Err(e.into())),
+            };
+            let comm = env.world();
+            let result = match cli.command {
+                Command::Run(args) => run::execute(args, Some(&comm)),
+                Command::Forces(args) => {
+                    forces::execute(args, Some(&comm)).map(|()| ExitCode::SUCCESS)
+                }
+                // The other subcommands are serial: rank 0 does them.
+                other if comm.rank() == 0 => dispatch(other),
+                _ => Ok(ExitCode::SUCCESS),
+            };
+            if let Err(e) = &result
+                && comm.size() > 1
+            {
+                // Stops every rank of the job (none is left waiting in a collective).
+                comm.abort(&format!("{e:#}"));
+            }
+            return report(result);
+        }
+    }
+    report(dispatch(cli.command))
+}
+
+/// Runs one subcommand in this process alone.
+fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
+    match command {
+        #[cfg(feature = "mpi")]
+        Command::Run(args) => run::execute(args, None),
+        #[cfg(not(feature = "mpi"))]
         Command::Run(args) => run::execute(args),
         Command::Ics(args) => ics::execute(args).map(|()| ExitCode::SUCCESS),
         Command::Info(args) => info::execute(args).map(|()| ExitCode::SUCCESS),
+        #[cfg(feature = "mpi")]
+        Command::Forces(args) => forces::execute(args, None).map(|()| ExitCode::SUCCESS),
+        #[cfg(not(feature = "mpi"))]
         Command::Forces(args) => forces::execute(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench::execute(args).map(|()| ExitCode::SUCCESS),
-    };
+    }
+}
+
+/// The exit code of a result: 0 success, 1 error (one line on stderr), or the code a
+/// subcommand chose.
+fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {

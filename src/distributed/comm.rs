@@ -23,6 +23,9 @@ pub enum CommError {
         /// Its error message.
         reason: String,
     },
+    /// The communication layer cannot do what was asked (MPI missing, a message too big).
+    #[error("{0}")]
+    Unavailable(String),
     /// A collective waited longer than the timeout for the other ranks.
     #[error(
         "rank {rank} waited more than {seconds} s for the other ranks in a collective operation"

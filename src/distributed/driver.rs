@@ -3,22 +3,21 @@
 //! tree in the global cube, exchanges locally essential trees, and runs the FMM passes over
 //! local and imported cells.
 
-use super::comm::{Communicator, allgatherv, allreduce_sum, alltoallv};
+use super::comm::{
+    Communicator, ThreadRank, allgatherv, allreduce_sum, alltoallv, run_thread_ranks,
+};
 use super::decomposition::{Domains, balance, global_cube, migrate};
-use super::let_tree::{LetCell, TopCell, export, import_cells, top_tree};
+use super::let_tree::{LetPacket, TopCell, export, import, top_tree};
 use crate::fmm::caps::{CapKind, Caps, CapsTracker};
+use crate::fmm::presets::PresetsStore;
 use crate::fmm::solver::{FmmStats, RemoteSource, RemoteTree};
 use crate::fmm::tree::Tree;
 use crate::fmm::{FmmSettings, FmmSolver};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, SolverStat, check_finite};
 use crate::particles::Particles;
+use bytemuck::{Pod, Zeroable};
+use rayon::prelude::*;
 use std::time::Instant;
-
-/// Cells with more particles than this keep their children in the shared top tree. 0 shares
-/// every cell's geometry (56 bytes per cell, about 17% of the LET at N = 1e6, K = 4): a
-/// coarser top tree forces the conservative test in `let_tree::far` on big sparse halo cells,
-/// which measured more total traffic at every threshold tried (256: +36%, 1024: 4.6x).
-const TOP_TREE_MIN_PARTICLES: usize = 0;
 
 /// What one distributed evaluation did on this rank.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -51,8 +50,13 @@ pub struct RankStats {
 pub struct DistributedFmm<C: Communicator> {
     comm: C,
     solver: FmmSolver,
+    /// Per-particle work of the last evaluation, for the next decomposition.
     work: Vec<f64>,
     last: RankStats,
+    presets: Option<PresetsStore>,
+    caps_known: bool,
+    saved_caps: Option<Caps>,
+    warnings: Vec<String>,
 }
 
 impl<C: Communicator> std::fmt::Debug for DistributedFmm<C> {
@@ -86,8 +90,10 @@ impl RemoteSource for Exchange<'_> {
     ) -> Result<Vec<RemoteTree>, GravityError> {
         let comm = self.comm;
         let (me, k) = (comm.rank(), comm.size());
-        let tops: Vec<Vec<TopCell>> =
-            allgatherv(comm, &top_tree(tree, TOP_TREE_MIN_PARTICLES)).map_err(comm_err)?;
+        if k == 1 {
+            return Ok(Vec::new());
+        }
+        let tops: Vec<Vec<TopCell>> = allgatherv(comm, &top_tree(tree)).map_err(comm_err)?;
         self.stats.top_bytes_received = tops
             .iter()
             .enumerate()
@@ -95,10 +101,11 @@ impl RemoteSource for Exchange<'_> {
             .map(|(_, t)| std::mem::size_of_val(t.as_slice()))
             .sum();
         let mac = self.settings.mac();
-        let packets: Vec<_> = (0..k)
+        let packets: Vec<LetPacket> = (0..k)
+            .into_par_iter()
             .map(|j| {
                 if j == me {
-                    Default::default()
+                    LetPacket::default()
                 } else {
                     export(tree, multipoles, len, &tops[j], mac)
                 }
@@ -136,18 +143,20 @@ impl RemoteSource for Exchange<'_> {
             let_particles: need_particles,
             ..stats.used
         };
-        let cells_out: Vec<Vec<LetCell>> = packets.iter().map(|p| p.cells.clone()).collect();
-        let multipoles_out: Vec<Vec<f64>> = packets.iter().map(|p| p.multipoles.clone()).collect();
-        let particles_out: Vec<Vec<[f64; 4]>> =
-            packets.iter().map(|p| p.particles.clone()).collect();
-        self.stats.let_bytes_sent = packets
-            .iter()
-            .map(|p| {
-                std::mem::size_of_val(p.cells.as_slice())
-                    + std::mem::size_of_val(p.multipoles.as_slice())
-                    + std::mem::size_of_val(p.particles.as_slice())
-            })
-            .sum();
+        let bytes = |p: &LetPacket| {
+            std::mem::size_of_val(p.cells.as_slice())
+                + std::mem::size_of_val(p.multipoles.as_slice())
+                + std::mem::size_of_val(p.particles.as_slice())
+        };
+        self.stats.let_bytes_sent = packets.iter().map(bytes).sum();
+        let mut cells_out = Vec::with_capacity(k);
+        let mut multipoles_out = Vec::with_capacity(k);
+        let mut particles_out = Vec::with_capacity(k);
+        for p in packets {
+            cells_out.push(p.cells);
+            multipoles_out.push(p.multipoles);
+            particles_out.push(p.particles);
+        }
         let cells_in = alltoallv(comm, &cells_out).map_err(comm_err)?;
         let multipoles_in = alltoallv(comm, &multipoles_out).map_err(comm_err)?;
         let particles_in = alltoallv(comm, &particles_out).map_err(comm_err)?;
@@ -157,20 +166,15 @@ impl RemoteSource for Exchange<'_> {
             if j == me || cells_in[j].is_empty() {
                 continue;
             }
-            let packet = super::let_tree::LetPacket {
-                cells: cells_in[j].clone(),
-                multipoles: Vec::new(),
-                particles: Vec::new(),
-            };
             received += std::mem::size_of_val(cells_in[j].as_slice())
                 + std::mem::size_of_val(multipoles_in[j].as_slice())
                 + std::mem::size_of_val(particles_in[j].as_slice());
-            trees.push(RemoteTree {
-                cells: import_cells(&packet),
-                multipoles: multipoles_in[j].clone(),
-                pos: particles_in[j].iter().map(|q| [q[0], q[1], q[2]]).collect(),
-                mass: particles_in[j].iter().map(|q| q[3]).collect(),
-            });
+            trees.push(import(
+                &cells_in[j],
+                &multipoles_in[j],
+                &particles_in[j],
+                len,
+            ));
         }
         self.stats.let_bytes_received = received;
         self.stats.let_cells = need_cells;
@@ -180,13 +184,19 @@ impl RemoteSource for Exchange<'_> {
 }
 
 impl<C: Communicator> DistributedFmm<C> {
-    /// A solver for the rank `comm`; `solver` holds the FMM settings and caps.
-    pub fn new(comm: C, solver: FmmSolver) -> Self {
+    /// A solver for the rank `comm`; `solver` holds the FMM settings and caps, and `presets`
+    /// names the caps presets file (read and written by rank 0, caps the largest over ranks).
+    pub fn new(comm: C, solver: FmmSolver, presets: Option<PresetsStore>) -> Self {
+        let ranks = comm.size();
         DistributedFmm {
             comm,
-            solver,
+            solver: solver.with_ranks(ranks),
             work: Vec::new(),
             last: RankStats::default(),
+            presets,
+            caps_known: false,
+            saved_caps: None,
+            warnings: Vec::new(),
         }
     }
 
@@ -206,15 +216,22 @@ impl<C: Communicator> DistributedFmm<C> {
         let comm: &dyn Communicator = &self.comm;
         let t0 = Instant::now();
         let cube = global_cube(comm, &particles.pos).map_err(comm_err)?;
-        let keys: Vec<u64> = particles.pos.iter().map(|&x| cube.key(x)).collect();
-        if self.work.len() != particles.len() {
-            self.work = vec![0.0; particles.len()];
+        let mut migrated = 0;
+        if comm.size() > 1 {
+            let keys: Vec<u64> = particles.pos.iter().map(|&x| cube.key(x)).collect();
+            if self.work.len() != particles.len() {
+                self.work = vec![0.0; particles.len()];
+            }
+            let splitters = balance(comm, &keys, &self.work).map_err(comm_err)?;
+            let domains = Domains { cube, splitters };
+            migrated = migrate(comm, &domains, particles, &mut self.work).map_err(comm_err)?;
         }
-        let splitters = balance(comm, &keys, &self.work).map_err(comm_err)?;
-        let domains = Domains { cube, splitters };
-        let migrated = migrate(comm, &domains, particles, &mut self.work).map_err(comm_err)?;
         let decomposition_s = t0.elapsed().as_secs_f64();
         let n = particles.len();
+        if !self.caps_known {
+            self.start_caps(n)?;
+        }
+        let comm: &dyn Communicator = &self.comm;
         particles.acc.resize(n, [0.0; 3]);
         particles.pot.resize(n, 0.0);
         let settings = self.solver.settings().clone();
@@ -246,7 +263,116 @@ impl<C: Communicator> DistributedFmm<C> {
             fmm,
             ..exchange.stats
         };
+        self.share_caps()?;
         Ok(self.last)
+    }
+
+    /// The caps of the first evaluation: rank 0's preset for this size, on every rank.
+    fn start_caps(&mut self, n: usize) -> Result<(), GravityError> {
+        let comm: &dyn Communicator = &self.comm;
+        let total = allreduce_sum(comm, &[n as u64]).map_err(comm_err)?[0];
+        let per_rank = (total as usize).div_ceil(comm.size());
+        let mut found = [0u64; CAP_KINDS];
+        if comm.rank() == 0
+            && let Some(store) = &self.presets
+        {
+            let (file, warning) = store.load();
+            self.warnings.extend(warning);
+            if let Some(caps) = file.lookup(&self.solver.preset_key(per_rank)) {
+                found = caps_to_array(&caps);
+            }
+        }
+        let found = allreduce_sum(comm, &found).map_err(comm_err)?;
+        if found.iter().any(|&c| c > 0) {
+            self.solver.set_caps(caps_from_array(&found));
+        }
+        self.caps_known = true;
+        Ok(())
+    }
+
+    /// Gives every rank the largest of every rank's caps, and records them as the preset for
+    /// this size when they changed.
+    fn share_caps(&mut self) -> Result<(), GravityError> {
+        let comm: &dyn Communicator = &self.comm;
+        let mut mine = self
+            .solver
+            .caps()
+            .map(|c| caps_to_array(&c))
+            .unwrap_or_default()
+            .to_vec();
+        mine.push(self.last.particles as u64);
+        let all = allgatherv(comm, &mine).map_err(comm_err)?;
+        let mut max = [0u64; CAP_KINDS];
+        for caps in &all {
+            for (m, &c) in max.iter_mut().zip(caps) {
+                *m = (*m).max(c);
+            }
+        }
+        let caps = caps_from_array(&max);
+        self.solver.raise_caps(&caps);
+        if self.saved_caps != Some(caps) {
+            let total: u64 = all.iter().map(|v| v[CAP_KINDS]).sum();
+            let key = self
+                .solver
+                .preset_key((total as usize).div_ceil(comm.size()));
+            if comm.rank() == 0
+                && let Some(store) = &self.presets
+                && let Err(e) = store.save(key, caps)
+            {
+                self.warnings.push(e);
+            }
+            self.saved_caps = Some(caps);
+        }
+        Ok(())
+    }
+}
+
+/// Number of cap kinds.
+const CAP_KINDS: usize = CapKind::ALL.len();
+
+fn caps_to_array(caps: &Caps) -> [u64; CAP_KINDS] {
+    CapKind::ALL.map(|k| caps.get(k) as u64)
+}
+
+fn caps_from_array(values: &[u64]) -> Caps {
+    let mut caps = Caps::default();
+    for (k, &v) in CapKind::ALL.iter().zip(values) {
+        caps.set(*k, v as usize);
+    }
+    caps
+}
+
+/// Diagnostics columns of a distributed evaluation beyond the local FMM's: (name, summed
+/// between rows).
+const RANK_COLUMNS: [(&str, bool); 11] = [
+    ("rank_particles", false),
+    ("rank_migrated", true),
+    ("rank_work", false),
+    ("load_imbalance", false),
+    ("let_cells_received", false),
+    ("let_particles_received", false),
+    ("let_bytes_sent", false),
+    ("let_bytes_received", false),
+    ("top_tree_bytes_received", false),
+    ("decomposition_s", true),
+    ("exchange_s", true),
+];
+
+impl RankStats {
+    fn values(&self) -> [f64; 11] {
+        [
+            self.particles as f64,
+            self.migrated as f64,
+            self.work,
+            self.imbalance,
+            self.let_cells as f64,
+            self.let_particles as f64,
+            self.let_bytes_sent as f64,
+            self.let_bytes_received as f64,
+            self.top_bytes_received as f64,
+            self.decomposition_s,
+            self.fmm.seconds.exchange,
+        ]
     }
 }
 
@@ -262,25 +388,17 @@ impl<C: Communicator + 'static> GravitySolver for DistributedFmm<C> {
         }
         let start = Instant::now();
         let s = self.evaluate(particles)?;
-        let stats = [
-            ("rank_particles", s.particles as f64, false),
-            ("rank_work", s.work, false),
-            ("load_imbalance", s.imbalance, false),
-            ("let_cells_received", s.let_cells as f64, false),
-            ("let_particles_received", s.let_particles as f64, false),
-            ("let_bytes_sent", s.let_bytes_sent as f64, false),
-            ("let_bytes_received", s.let_bytes_received as f64, false),
-            ("fmm_retries", s.fmm.retries as f64, true),
-            ("decomposition_s", s.decomposition_s, true),
-            ("exchange_s", s.fmm.seconds.exchange, true),
-        ]
-        .into_iter()
-        .map(|(name, value, summed)| SolverStat {
-            name,
-            value,
-            summed,
-        })
-        .collect();
+        let mut stats = s.fmm.solver_stats();
+        stats.extend(
+            RANK_COLUMNS
+                .iter()
+                .zip(s.values())
+                .map(|(&(name, summed), value)| SolverStat {
+                    name,
+                    value,
+                    summed,
+                }),
+        );
         Ok(ForceReport {
             pair_interactions: s.fmm.p2p_interactions,
             seconds: start.elapsed().as_secs_f64(),
@@ -289,22 +407,15 @@ impl<C: Communicator + 'static> GravitySolver for DistributedFmm<C> {
     }
 
     fn stat_names(&self) -> Vec<&'static str> {
-        vec![
-            "rank_particles",
-            "rank_work",
-            "load_imbalance",
-            "let_cells_received",
-            "let_particles_received",
-            "let_bytes_sent",
-            "let_bytes_received",
-            "fmm_retries",
-            "decomposition_s",
-            "exchange_s",
-        ]
+        let mut names = FmmStats::stat_names();
+        names.extend(RANK_COLUMNS.iter().map(|c| c.0));
+        names
     }
 
     fn take_warnings(&mut self) -> Vec<String> {
-        self.solver.take_warnings()
+        let mut w = std::mem::take(&mut self.warnings);
+        w.extend(self.solver.take_warnings());
+        w
     }
 
     fn caps(&self) -> Option<Caps> {
@@ -313,5 +424,157 @@ impl<C: Communicator + 'static> GravitySolver for DistributedFmm<C> {
 
     fn set_caps(&mut self, caps: Caps) {
         self.solver.set_caps(caps);
+        self.caps_known = true;
     }
+
+    fn decomposition_work(&self) -> Vec<f64> {
+        self.work.clone()
+    }
+
+    fn set_decomposition_work(&mut self, work: Vec<f64>) {
+        self.work = work;
+    }
+}
+
+/// Forces of a distributed evaluation, back in the caller's order.
+#[derive(Debug, Clone, Default)]
+pub struct GatheredForces {
+    /// Accelerations, in the order of the input particles.
+    pub acc: Vec<[f64; 3]>,
+    /// Potentials, in the order of the input particles.
+    pub pot: Vec<f64>,
+    /// `figures[e][r]`: rank r's figures of evaluation e.
+    pub figures: Vec<Vec<RankFigures>>,
+}
+
+/// The figures of one rank's evaluation that `leapfmm forces` reports, as plain numbers
+/// that ranks can gather.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
+pub struct RankFigures {
+    /// Particles after migration.
+    pub particles: f64,
+    /// Largest over mean rank work.
+    pub imbalance: f64,
+    /// Seconds in decomposition and migration.
+    pub decomposition_s: f64,
+    /// Seconds in the LET exchange.
+    pub exchange_s: f64,
+    /// Seconds in the local FMM passes.
+    pub local_s: f64,
+    /// Cap retries.
+    pub retries: f64,
+    /// LET cells received.
+    pub let_cells: f64,
+    /// LET particles received.
+    pub let_particles: f64,
+    /// LET bytes received.
+    pub let_bytes_received: f64,
+    /// Top-tree bytes received.
+    pub top_bytes_received: f64,
+}
+
+impl From<&RankStats> for RankFigures {
+    fn from(s: &RankStats) -> Self {
+        let t = &s.fmm.seconds;
+        RankFigures {
+            particles: s.particles as f64,
+            imbalance: s.imbalance,
+            decomposition_s: s.decomposition_s,
+            exchange_s: t.exchange,
+            local_s: t.tree + t.upward + t.traversal + t.m2l + t.downward + t.p2p,
+            retries: s.fmm.retries as f64,
+            let_cells: s.let_cells as f64,
+            let_particles: s.let_particles as f64,
+            let_bytes_received: s.let_bytes_received as f64,
+            top_bytes_received: s.top_bytes_received as f64,
+        }
+    }
+}
+
+/// One particle's force on the way back to every rank.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+struct ForceRecord {
+    id: u64,
+    acc: [f64; 3],
+    pot: f64,
+}
+
+/// One rank's part of evaluating a whole particle set (every rank holds all of
+/// `particles`, as after reading a snapshot): it starts from an equal contiguous share,
+/// evaluates `repeat` times, and every rank gets all forces, in the input order, and every
+/// rank's figures. `leapfmm forces --ranks K` (thread ranks) and under mpirun use it.
+pub fn evaluate_share<C: Communicator + Clone + 'static>(
+    comm: &C,
+    particles: &Particles,
+    settings: &FmmSettings,
+    repeat: usize,
+    presets: Option<PresetsStore>,
+) -> Result<GatheredForces, GravityError> {
+    let n = particles.len();
+    let (r, k) = (comm.rank(), comm.size());
+    let mut mine = particles.slice(n * r / k..n * (r + 1) / k);
+    let mut solver = DistributedFmm::new(
+        comm.clone(),
+        FmmSolver::new(settings.clone(), None),
+        presets,
+    );
+    let mut figures = Vec::with_capacity(repeat.max(1));
+    for _ in 0..repeat.max(1) {
+        let stats = solver.evaluate(&mut mine)?;
+        let all = allgatherv(comm, &[RankFigures::from(&stats)]).map_err(comm_err)?;
+        figures.push(all.into_iter().flatten().collect());
+    }
+    let records: Vec<ForceRecord> = (0..mine.len())
+        .map(|i| ForceRecord {
+            id: mine.id[i],
+            acc: mine.acc[i],
+            pot: mine.pot[i],
+        })
+        .collect();
+    let all = allgatherv(comm, &records).map_err(comm_err)?;
+    let mut index: Vec<(u64, usize)> = particles
+        .id
+        .iter()
+        .enumerate()
+        .map(|(i, &id)| (id, i))
+        .collect();
+    index.sort_unstable();
+    let mut out = GatheredForces {
+        acc: vec![[0.0; 3]; n],
+        pot: vec![0.0; n],
+        figures,
+    };
+    for rec in all.iter().flatten() {
+        let k = index.partition_point(|&(id, _)| id < rec.id);
+        if let Some(&(id, at)) = index.get(k)
+            && id == rec.id
+        {
+            out.acc[at] = rec.acc;
+            out.pot[at] = rec.pot;
+        }
+    }
+    Ok(out)
+}
+
+/// `evaluate_share` on `ranks` thread ranks of this process.
+pub fn evaluate_on_thread_ranks(
+    particles: &Particles,
+    settings: &FmmSettings,
+    ranks: usize,
+    repeat: usize,
+    presets: Option<PresetsStore>,
+) -> Result<GatheredForces, GravityError> {
+    let threads = (rayon::current_num_threads() / ranks.max(1)).max(1);
+    let timeout = std::time::Duration::from_secs(3600);
+    let mut all = run_thread_ranks(ranks, threads, timeout, |comm: &ThreadRank| {
+        let out = evaluate_share(comm, particles, settings, repeat, presets.clone())?;
+        // Every rank holds the same result; only rank 0's travels back.
+        Ok::<_, GravityError>((comm.rank() == 0).then_some(out))
+    })
+    .map_err(|(rank, reason)| {
+        GravityError::Communication(format!("rank {rank} of {ranks} failed: {reason}"))
+    })?;
+    Ok(all.swap_remove(0).unwrap_or_default())
 }

@@ -4,3 +4,5 @@ pub mod comm;
 pub mod decomposition;
 pub mod driver;
 pub mod let_tree;
+#[cfg(feature = "mpi")]
+pub mod mpi_rank;

@@ -159,6 +159,20 @@ impl CapsTracker {
         self.low_use = [0; 5];
     }
 
+    /// Raises every cap to at least `floor` (ranks share their largest caps so that none of
+    /// them meets, later, a size another has already seen). Returns true when any cap rose.
+    pub fn raise_to(&mut self, floor: &Caps) -> bool {
+        let mut raised = false;
+        for (k, kind) in CapKind::ALL.into_iter().enumerate() {
+            if floor.get(kind) > self.caps.get(kind) {
+                self.caps.set(kind, floor.get(kind));
+                self.low_use[k] = 0;
+                raised = true;
+            }
+        }
+        raised
+    }
+
     /// After an overflow of `kind` that needed `needed` entries: grows that cap by the growth
     /// factor until it fits. Other caps are untouched.
     pub fn grow(&mut self, kind: CapKind, needed: usize) {

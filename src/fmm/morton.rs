@@ -78,9 +78,13 @@ mod tests {
         assert_eq!(spread(0b11), 0b1001);
         assert_eq!(spread(0x1f_ffff).count_ones(), 21);
         let cube = BoundingCube::around([0.0; 3], [1.0; 3]);
+        // x is the most significant bit of a digit (so the curve's first cuts are planes of
+        // constant x, across a disk in the x-y plane), z the least.
         let k = cube.key([0.9, 0.1, 0.1]);
-        assert_eq!(digit(k, 1), 1); // x high, y low, z low
-        let k = cube.key([0.1, 0.1, 0.9]);
         assert_eq!(digit(k, 1), 4);
+        let k = cube.key([0.1, 0.9, 0.1]);
+        assert_eq!(digit(k, 1), 2);
+        let k = cube.key([0.1, 0.1, 0.9]);
+        assert_eq!(digit(k, 1), 1);
     }
 }

@@ -243,6 +243,11 @@ impl FmmSolver {
         self
     }
 
+    /// Raises every cap to at least `floor` (see `CapsTracker::raise_to`).
+    pub fn raise_caps(&mut self, floor: &Caps) {
+        self.tracker.raise_to(floor);
+    }
+
     /// The solver's settings.
     pub fn settings(&self) -> &FmmSettings {
         &self.settings
@@ -260,7 +265,8 @@ impl FmmSolver {
             .collect()
     }
 
-    fn preset_key(&self, n: usize) -> PresetKey {
+    /// The caps presets key of this solver for `n` particles per rank.
+    pub fn preset_key(&self, n: usize) -> PresetKey {
         PresetKey {
             particles_per_rank: n as u64,
             ranks: self.ranks,
@@ -363,7 +369,11 @@ impl FmmSolver {
             self.p2p_buf.reset(caps.p2p_pairs);
             if n > 0 {
                 walk(&self.tree, mac, &self.m2l_buf, &self.p2p_buf);
-                walk_remote(&self.tree, mac, &remote_roots, &self.m2l_buf, &self.p2p_buf);
+                if !walk_remote(&self.tree, mac, &remote_roots, &self.m2l_buf, &self.p2p_buf) {
+                    return Err(GravityError::Communication(
+                        "a locally essential tree from another rank lacks cells that this rank's walk needs; the exchange is inconsistent".into(),
+                    ));
+                }
             }
             stats.seconds.traversal += t0.elapsed().as_secs_f64();
             let over = [
@@ -667,6 +677,24 @@ const STAT_COLUMNS: [(&str, bool); 12] = [
 ];
 
 impl FmmStats {
+    /// Names of the diagnostics columns of `solver_stats`.
+    pub fn stat_names() -> Vec<&'static str> {
+        STAT_COLUMNS.iter().map(|c| c.0).collect()
+    }
+
+    /// The figures as diagnostics columns.
+    pub fn solver_stats(&self) -> Vec<SolverStat> {
+        STAT_COLUMNS
+            .iter()
+            .zip(self.values())
+            .map(|(&(name, summed), value)| SolverStat {
+                name,
+                value,
+                summed,
+            })
+            .collect()
+    }
+
     /// The figures in `STAT_COLUMNS` order.
     fn values(&self) -> [f64; 12] {
         let s = &self.seconds;
@@ -705,20 +733,12 @@ impl GravitySolver for FmmSolver {
         Ok(ForceReport {
             pair_interactions: stats.p2p_interactions,
             seconds: start.elapsed().as_secs_f64(),
-            stats: STAT_COLUMNS
-                .iter()
-                .zip(stats.values())
-                .map(|(&(name, summed), value)| SolverStat {
-                    name,
-                    value,
-                    summed,
-                })
-                .collect(),
+            stats: stats.solver_stats(),
         })
     }
 
     fn stat_names(&self) -> Vec<&'static str> {
-        STAT_COLUMNS.iter().map(|c| c.0).collect()
+        FmmStats::stat_names()
     }
 
     fn take_warnings(&mut self) -> Vec<String> {

@@ -5,6 +5,7 @@
 use super::caps::CappedBuffer;
 use super::tree::{Cell, Tree};
 use rayon::prelude::*;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 /// The multipole acceptance criterion: cells A and B interact through their expansions when
 /// `r_A + r_B < theta * d` and every particle pair is farther apart than `support`, the
@@ -32,6 +33,28 @@ impl Mac {
     }
 }
 
+/// Which cell of a pair that fails the MAC (and is not two leaves) a walk opens: `b` when
+/// `a` is a leaf or when both have children and `b` is larger (ties broken by the centres),
+/// otherwise `a`. Antisymmetric, so the pairs two ranks find for each other are mirror
+/// images and every cross-domain interaction is used in both directions, as within a rank
+/// (which is what keeps momentum conserved).
+#[inline]
+pub fn open_second(a: &Cell, b: &Cell) -> bool {
+    if a.is_tree_leaf() {
+        return true;
+    }
+    if b.is_tree_leaf() {
+        return false;
+    }
+    let by_centre = || {
+        (0..3)
+            .map(|k| b.centre[k].total_cmp(&a.centre[k]))
+            .find(|o| o.is_ne())
+            .unwrap_or(std::cmp::Ordering::Equal)
+    };
+    b.r_max.total_cmp(&a.r_max).then_with(by_centre).is_gt()
+}
+
 /// Packs a directed pair (target ← source) so that sorting groups by target.
 #[inline]
 pub fn pack(target: u32, source: u32) -> u64 {
@@ -52,6 +75,8 @@ struct Walker<'a> {
     mac: Mac,
     m2l: &'a CappedBuffer,
     p2p: &'a CappedBuffer,
+    /// Set when a remote walk needed a part of a remote tree that was not sent.
+    incomplete: AtomicBool,
 }
 
 /// One task's pending entries; flushed to the shared buffers in batches so threads rarely
@@ -62,7 +87,17 @@ struct Pending {
     p2p: Vec<u64>,
 }
 
-impl Walker<'_> {
+impl<'a> Walker<'a> {
+    fn new(tree: &'a Tree, mac: Mac, m2l: &'a CappedBuffer, p2p: &'a CappedBuffer) -> Self {
+        Walker {
+            cells: &tree.cells,
+            mac,
+            m2l,
+            p2p,
+            incomplete: AtomicBool::new(false),
+        }
+    }
+
     fn push_m2l(&self, pending: &mut Pending, pair: [u64; 2]) {
         pending.m2l.extend_from_slice(&pair);
         if pending.m2l.len() >= LOCAL_BATCH {
@@ -102,7 +137,7 @@ impl Walker<'_> {
             self.push_m2l(pending, [pack(a, b), pack(b, a)]);
         } else if ca.is_leaf() && cb.is_leaf() {
             self.push_p2p(pending, &[pack(a, b), pack(b, a)]);
-        } else if ca.is_leaf() || (!cb.is_leaf() && cb.r_max > ca.r_max) {
+        } else if open_second(ca, cb) {
             for c in cb.children() {
                 self.interact(a, c, pending);
             }
@@ -114,24 +149,46 @@ impl Walker<'_> {
     }
 
     /// One-sided walk of own cell `a` against remote cell `c` (from another rank's locally
-    /// essential tree): only `a` receives. A remote leaf without particles is a multipole the
-    /// other rank sent because it is far from all our cells' domains; it is never opened.
+    /// essential tree): only `a` receives. The sender emulated this very walk to choose what
+    /// to send, so every cell it opens came with its children and every leaf pair with
+    /// particles; anything missing marks the walk incomplete.
     fn interact_remote(&self, a: u32, c: u32, pending: &mut Pending) {
+        match self.remote_step(a, c, pending) {
+            RemoteStep::Done => {}
+            RemoteStep::OpenRemote => {
+                for k in self.cells[c as usize].children() {
+                    self.interact_remote(a, k, pending);
+                }
+            }
+            RemoteStep::OpenOwn => {
+                for k in self.cells[a as usize].children() {
+                    self.interact_remote(k, c, pending);
+                }
+            }
+        }
+    }
+
+    /// What the walk does with the pair (own `a`, remote `c`): records an interaction, or
+    /// says which cell to open.
+    fn remote_step(&self, a: u32, c: u32, pending: &mut Pending) -> RemoteStep {
         let (ca, cc) = (&self.cells[a as usize], &self.cells[c as usize]);
         if self.mac.accepts(ca, cc) {
             self.push_m2l_one(pending, pack(a, c));
-        } else if ca.is_leaf() && cc.is_leaf() {
-            // The sender only stops at a particle-less cell that passes the MAC against
-            // every own leaf, so `cc` carries particles here.
+            RemoteStep::Done
+        } else if ca.is_tree_leaf() && cc.is_tree_leaf() {
+            if cc.count() == 0 {
+                self.incomplete.store(true, Ordering::Relaxed);
+            }
             self.push_p2p(pending, &[pack(a, c)]);
-        } else if ca.is_leaf() || (!cc.is_leaf() && cc.r_max > ca.r_max) {
-            for k in cc.children() {
-                self.interact_remote(a, k, pending);
+            RemoteStep::Done
+        } else if open_second(ca, cc) {
+            if cc.is_leaf() {
+                self.incomplete.store(true, Ordering::Relaxed);
+                return RemoteStep::Done;
             }
+            RemoteStep::OpenRemote
         } else {
-            for k in ca.children() {
-                self.interact_remote(k, c, pending);
-            }
+            RemoteStep::OpenOwn
         }
     }
 
@@ -165,12 +222,7 @@ impl Walker<'_> {
 /// Walks the tree and fills the two buffers. Pairs are pushed from many threads in no
 /// particular order; callers sort them.
 pub fn walk(tree: &Tree, mac: Mac, m2l: &CappedBuffer, p2p: &CappedBuffer) {
-    let walker = Walker {
-        cells: &tree.cells,
-        mac,
-        m2l,
-        p2p,
-    };
+    let walker = Walker::new(tree, mac, m2l, p2p);
     let mut tasks = Vec::new();
     // Two levels of self-interaction splitting give up to 36 * 36 subtree tasks.
     walker.expand(0, 0, 2, &mut tasks);
@@ -182,45 +234,54 @@ pub fn walk(tree: &Tree, mac: Mac, m2l: &CappedBuffer, p2p: &CappedBuffer) {
         });
 }
 
+/// What the remote walk does next with a pair.
+enum RemoteStep {
+    /// Interaction recorded (or the pair was dropped as incomplete).
+    Done,
+    /// Open the remote cell.
+    OpenRemote,
+    /// Open the own cell.
+    OpenOwn,
+}
+
 /// Walks own root 0 against every remote root (one-sided), appending to the same buffers.
+/// Returns false when a remote tree lacked something the walk needed (a bug in the
+/// exchange: the forces would be incomplete).
 pub fn walk_remote(
     tree: &Tree,
     mac: Mac,
     remote_roots: &[u32],
     m2l: &CappedBuffer,
     p2p: &CappedBuffer,
-) {
-    let walker = Walker {
-        cells: &tree.cells,
-        mac,
-        m2l,
-        p2p,
-    };
-    // Split the own tree two levels down so that the tasks spread over the threads.
-    let mut own = vec![0u32];
-    for _ in 0..2 {
-        own = own
-            .iter()
-            .flat_map(|&a| {
-                let c = &tree.cells[a as usize];
-                if c.is_leaf() {
-                    vec![a]
-                } else {
-                    c.children().collect()
+) -> bool {
+    let walker = Walker::new(tree, mac, m2l, p2p);
+    // Follow the walk's own decisions a few levels down, breadth first, to get tasks that
+    // spread over the threads (the pairs are the same as a serial walk's).
+    let mut pending = Pending::default();
+    let mut tasks: Vec<(u32, u32)> = remote_roots.iter().map(|&r| (0, r)).collect();
+    for _ in 0..4 {
+        let mut next = Vec::with_capacity(tasks.len() * 8);
+        for &(a, c) in &tasks {
+            match walker.remote_step(a, c, &mut pending) {
+                RemoteStep::Done => {}
+                RemoteStep::OpenRemote => {
+                    next.extend(tree.cells[c as usize].children().map(|k| (a, k)))
                 }
-            })
-            .collect();
+                RemoteStep::OpenOwn => {
+                    next.extend(tree.cells[a as usize].children().map(|k| (k, c)))
+                }
+            }
+        }
+        tasks = next;
     }
-    let tasks: Vec<(u32, u32)> = remote_roots
-        .iter()
-        .flat_map(|&r| own.iter().map(move |&a| (a, r)))
-        .collect();
+    walker.flush(&mut pending);
     tasks
         .par_iter()
         .for_each_init(Pending::default, |pending, &(a, c)| {
             walker.interact_remote(a, c, pending);
             walker.flush(pending);
         });
+    !walker.incomplete.load(Ordering::Relaxed)
 }
 
 #[cfg(test)]

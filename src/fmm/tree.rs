@@ -27,13 +27,23 @@ pub struct Cell {
     pub level: u8,
     /// Index of the parent (the root points to itself).
     pub parent: u32,
+    /// Another rank's cell that has children there, none of which were sent: it only ever
+    /// acts as a multipole here.
+    pub opaque: bool,
 }
 
 impl Cell {
-    /// True when the cell has no children.
+    /// True when the cell has no children (here).
     #[inline]
     pub fn is_leaf(&self) -> bool {
         self.child_count == 0
+    }
+
+    /// True when the cell is a leaf of its rank's tree (an opaque remote cell is not): the
+    /// walks decide by this, so that every rank decides alike about the same cell.
+    #[inline]
+    pub fn is_tree_leaf(&self) -> bool {
+        self.child_count == 0 && !self.opaque
     }
 
     /// Particles in the cell.

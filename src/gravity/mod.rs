@@ -87,6 +87,16 @@ pub trait GravitySolver: Send {
 
     /// Restores capacities from a checkpoint.
     fn set_caps(&mut self, _caps: Caps) {}
+
+    /// Per-particle work of the last evaluation (in the particles' current order) that the
+    /// next domain decomposition balances on; empty for a solver without one. Stored in
+    /// checkpoints so that a resumed run decomposes, and computes, exactly as it would have.
+    fn decomposition_work(&self) -> Vec<f64> {
+        Vec::new()
+    }
+
+    /// Restores `decomposition_work` from a checkpoint.
+    fn set_decomposition_work(&mut self, _work: Vec<f64>) {}
 }
 
 /// Rejects NaN/Inf positions and masses before a solver turns them into garbage forces.

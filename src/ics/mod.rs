@@ -11,6 +11,7 @@ pub mod sampling;
 use crate::config::{ConfigError, SourceText};
 use crate::particles::{Component, Particles};
 use crate::units::UnitSystem;
+pub use sampling::Share;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -245,42 +246,42 @@ impl ModelFile {
 /// centred on the origin in position and velocity. Warnings (e.g. a distribution function
 /// that had to fall back to the Jeans equations) come with it.
 pub fn generate(model: &ModelFile, n: usize, seed: u64) -> (Particles, Vec<String>) {
+    let (mut particles, warnings) = generate_share(model, n, seed, Share::WHOLE);
+    let moments = sampling::block_moments(&particles);
+    sampling::centre_on(&mut particles, &moments);
+    (particles, warnings)
+}
+
+/// The particles of `share` out of the `n` that `generate` samples, not yet centred: centre
+/// them with `sampling::centre_on` and the `block_moments` of every share, which gives the
+/// bits of `generate` for any number of ranks.
+pub fn generate_share(
+    model: &ModelFile,
+    n: usize,
+    seed: u64,
+    share: Share,
+) -> (Particles, Vec<String>) {
     let g = model.units.gravitational_constant();
-    if model.sphere.is_none() {
+    let Some(sphere) = &model.sphere else {
         let galaxy = galaxy::Galaxy::new(model);
-        let mut particles = galaxy.generate(n, seed);
-        sampling::centre(&mut particles);
+        let particles = galaxy.generate(n, seed, share);
         return (particles, galaxy.warnings.clone());
-    }
-    let mut particles = match &model.sphere {
-        Some(sphere) => match sphere.profile {
-            SphereProfile::Plummer => {
-                let p = plummer::Plummer::new(sphere.mass, sphere.scale_radius, g);
-                sampling::sample_sphere(
-                    &p,
-                    sphere.truncation_radius,
-                    n,
-                    seed,
-                    0,
-                    Component::Generic,
-                    1,
-                )
-            }
-            SphereProfile::Hernquist => {
-                let h = hernquist::Hernquist::new(sphere.mass, sphere.scale_radius, g);
-                sampling::sample_sphere(
-                    &h,
-                    sphere.truncation_radius,
-                    n,
-                    seed,
-                    0,
-                    Component::Generic,
-                    1,
-                )
-            }
-        },
-        None => Particles::default(),
     };
-    sampling::centre(&mut particles);
+    let (a, rt) = (sphere.scale_radius, sphere.truncation_radius);
+    let stream = sampling::Stream {
+        seed,
+        stream: 0,
+        first_id: 1,
+    };
+    let particles = match sphere.profile {
+        SphereProfile::Plummer => {
+            let p = plummer::Plummer::new(sphere.mass, a, g);
+            sampling::sample_sphere(&p, rt, n, Component::Generic, stream, share)
+        }
+        SphereProfile::Hernquist => {
+            let h = hernquist::Hernquist::new(sphere.mass, a, g);
+            sampling::sample_sphere(&h, rt, n, Component::Generic, stream, share)
+        }
+    };
     (particles, Vec::new())
 }

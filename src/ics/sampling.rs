@@ -2,13 +2,45 @@
 //! distribution function, and centring.
 
 use crate::particles::{Component, Particles};
-use crate::sum::sum_indexed;
 use rand::RngExt;
 use rand_pcg::Pcg64;
 use rayon::prelude::*;
 
 /// Particles per random substream; IDs `first_id + k*BLOCK ..` share one stream.
 pub const BLOCK: usize = 4096;
+
+/// The random streams of one model component (one per block of `BLOCK` IDs) and the first
+/// ID it numbers its particles from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stream {
+    /// The run's seed.
+    pub seed: u64,
+    /// The component's stream number.
+    pub stream: u64,
+    /// ID of the component's first particle.
+    pub first_id: u64,
+}
+
+/// The part of every component's blocks that one rank generates: a contiguous run of whole
+/// blocks, so a distributed run samples exactly the particles a serial one would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Share {
+    /// This rank.
+    pub rank: usize,
+    /// Number of ranks.
+    pub ranks: usize,
+}
+
+impl Share {
+    /// Everything, for a serial run.
+    pub const WHOLE: Share = Share { rank: 0, ranks: 1 };
+
+    /// This share's blocks out of `blocks`.
+    pub fn blocks(self, blocks: usize) -> std::ops::Range<usize> {
+        let ranks = self.ranks.max(1);
+        blocks * self.rank / ranks..blocks * (self.rank + 1) / ranks
+    }
+}
 
 /// The random stream of one block of particles of one model component. Streams are distinct
 /// for every (seed, component stream, block), so blocks can be generated in any order or
@@ -54,14 +86,13 @@ pub fn sample_sphere<M: SphericalModel>(
     model: &M,
     truncation: Option<f64>,
     n: usize,
-    seed: u64,
-    stream: u64,
     component: Component,
-    first_id: u64,
+    stream: Stream,
+    share: Share,
 ) -> Particles {
     let u_max = truncation.map_or(1.0, |rt| model.mass_fraction(rt));
     let mass = model.total_mass() * u_max / n.max(1) as f64;
-    sample_blocks(n, seed, stream, first_id, |rng| {
+    sample_blocks(n, stream, share, |rng| {
         let r = model.radius_of_mass_fraction(u_max * rng.random::<f64>());
         let dir = isotropic_unit(rng);
         let v = model.sample_speed(r, rng);
@@ -75,22 +106,22 @@ pub fn sample_sphere<M: SphericalModel>(
     })
 }
 
-/// Samples `n` particles in blocks of `BLOCK` IDs (starting at `first_id`), each block with
-/// its own stream, in parallel. Particles come in antipodal pairs, (x, v) and (−x, −v) —
+/// Samples the blocks in `share` of `n` particles in blocks of `BLOCK` IDs (starting at
+/// `first_id`), each block with its own stream, in parallel. Particles come in antipodal pairs, (x, v) and (−x, −v) —
 /// which keeps the sense of rotation — so each component is centred exactly in position and
 /// velocity. (Without it the halo's sampling noise, ~r/√N in its centre of mass, leaves a
 /// disk off the halo's centre, and the disk sloshes and heats within a rotation.)
 pub fn sample_blocks(
     n: usize,
-    seed: u64,
-    stream: u64,
-    first_id: u64,
+    stream: Stream,
+    share: Share,
     draw: impl Fn(&mut Pcg64) -> ([f64; 3], [f64; 3], f64, Component) + Sync,
 ) -> Particles {
-    let blocks: Vec<Particles> = (0..n.div_ceil(BLOCK))
+    let blocks: Vec<Particles> = share
+        .blocks(n.div_ceil(BLOCK))
         .into_par_iter()
         .map(|b| {
-            let mut rng = block_rng(seed, stream, b as u64);
+            let mut rng = block_rng(stream.seed, stream.stream, b as u64);
             let count = BLOCK.min(n - b * BLOCK);
             let mut out = Particles::with_capacity(count);
             let mut last = None;
@@ -103,12 +134,12 @@ pub fn sample_blocks(
                         drawn
                     }
                 };
-                out.push(x, v, m, first_id + (b * BLOCK + k) as u64, c);
+                out.push(x, v, m, stream.first_id + (b * BLOCK + k) as u64, c);
             }
             out
         })
         .collect();
-    let mut p = Particles::with_capacity(n);
+    let mut p = Particles::with_capacity(blocks.iter().map(Particles::len).sum());
     for b in blocks {
         p.extend(b);
     }
@@ -172,23 +203,65 @@ pub fn unimodal_max(density: &impl Fn(f64) -> f64) -> f64 {
     density(0.5 * (lo + hi)).max(density(grid[best]))
 }
 
-/// Moves the centre of mass to the origin and removes its velocity (deterministic sums).
-pub fn centre(p: &mut Particles) {
-    if p.is_empty() {
+/// Mass, mass-weighted position and mass-weighted velocity of one sampling block, keyed by
+/// the ID of its first particle: the unit from which centring sums are built, so the sums
+/// (and the centred bits) do not depend on how the blocks were spread over ranks.
+#[derive(Debug, Clone, Copy, PartialEq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct BlockMoments {
+    /// ID of the block's first particle.
+    pub first_id: u64,
+    /// m, m·x, m·y, m·z, m·vx, m·vy, m·vz.
+    pub sums: [f64; 7],
+}
+
+/// The moments of every sampling block of freshly generated particles (in generation order:
+/// a block ends where the component changes or after `BLOCK` particles).
+pub fn block_moments(p: &Particles) -> Vec<BlockMoments> {
+    let mut out: Vec<BlockMoments> = Vec::new();
+    let mut len = 0;
+    for i in 0..p.len() {
+        if i == 0 || len == BLOCK || p.component[i] != p.component[i - 1] {
+            out.push(BlockMoments {
+                first_id: p.id[i],
+                sums: [0.0; 7],
+            });
+            len = 0;
+        }
+        len += 1;
+        let (m, x, v) = (p.mass[i], p.pos[i], p.vel[i]);
+        let last = out.len() - 1;
+        let s = &mut out[last].sums;
+        let add = [
+            m,
+            m * x[0],
+            m * x[1],
+            m * x[2],
+            m * v[0],
+            m * v[1],
+            m * v[2],
+        ];
+        for k in 0..7 {
+            s[k] += add[k];
+        }
+    }
+    out
+}
+
+/// Moves the centre of mass to the origin and removes its velocity, from the moments of all
+/// blocks of the model (on every rank); the sum runs in block order.
+pub fn centre_on(p: &mut Particles, moments: &[BlockMoments]) {
+    let mut sorted = moments.to_vec();
+    sorted.sort_by_key(|b| b.first_id);
+    let mut s = [0.0; 7];
+    for b in &sorted {
+        for k in 0..7 {
+            s[k] += b.sums[k];
+        }
+    }
+    if s[0] <= 0.0 {
         return;
     }
-    let s = sum_indexed(p.len(), |i| {
-        let m = p.mass[i];
-        [
-            m,
-            m * p.pos[i][0],
-            m * p.pos[i][1],
-            m * p.pos[i][2],
-            m * p.vel[i][0],
-            m * p.vel[i][1],
-            m * p.vel[i][2],
-        ]
-    });
     let com = [s[1] / s[0], s[2] / s[0], s[3] / s[0]];
     let vcom = [s[4] / s[0], s[5] / s[0], s[6] / s[0]];
     p.pos.par_iter_mut().for_each(|x| {

@@ -6,6 +6,9 @@ use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+/// Number of additive sums behind `Conserved`.
+pub const CONSERVED_SUMS: usize = 12;
+
 /// Energies, momenta and centre of mass of a synchronised state.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Conserved {
@@ -24,7 +27,13 @@ pub struct Conserved {
 impl Conserved {
     /// Measures a state whose potentials are current. Deterministic for any thread count.
     pub fn measure(p: &Particles) -> Self {
-        let s = sum_indexed(p.len(), |i| {
+        Self::from_sums(&Self::sums(p))
+    }
+
+    /// The additive sums behind `measure`, so that ranks can add theirs up (in rank order)
+    /// before `from_sums`.
+    pub fn sums(p: &Particles) -> [f64; CONSERVED_SUMS] {
+        sum_indexed(p.len(), |i| {
             let (m, x, v) = (p.mass[i], p.pos[i], p.vel[i]);
             let v2 = v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
             [
@@ -41,7 +50,11 @@ impl Conserved {
                 m * x[2],
                 m,
             ]
-        });
+        })
+    }
+
+    /// The quantities from (possibly rank-summed) `sums`.
+    pub fn from_sums(s: &[f64; CONSERVED_SUMS]) -> Self {
         let mass = if s[11] > 0.0 { s[11] } else { 1.0 };
         Conserved {
             kinetic: s[0],
@@ -136,23 +149,7 @@ impl DiagnosticsLog {
         if !path.is_file() {
             return Self::create(path, extra);
         }
-        let mut kept = Vec::new();
-        for (n, line) in BufReader::new(File::open(path)?).lines().enumerate() {
-            let line = line?;
-            let row_step = line.split(',').next().and_then(|s| s.parse::<u64>().ok());
-            if n == 0 || row_step.is_some_and(|s| s <= step) {
-                kept.push(line);
-            }
-        }
-        let tmp = path.with_extension("csv.tmp");
-        {
-            let mut f = BufWriter::new(File::create(&tmp)?);
-            for line in &kept {
-                writeln!(f, "{line}")?;
-            }
-            f.flush()?;
-        }
-        std::fs::rename(&tmp, path)?;
+        keep_rows_up_to(path, step)?;
         let out = BufWriter::new(std::fs::OpenOptions::new().append(true).open(path)?);
         Ok(DiagnosticsLog {
             path: path.to_path_buf(),
@@ -205,6 +202,63 @@ impl DiagnosticsLog {
             write!(self.out, ",{v}")?;
         }
         writeln!(self.out)?;
+        self.out.flush()
+    }
+}
+
+/// Rewrites a CSV log keeping its header and the rows of steps up to `step` (the first
+/// column); the rest belong to steps that a resumed run recomputes.
+fn keep_rows_up_to(path: &Path, step: u64) -> std::io::Result<()> {
+    let mut kept = Vec::new();
+    for (n, line) in BufReader::new(File::open(path)?).lines().enumerate() {
+        let line = line?;
+        let row_step = line.split(',').next().and_then(|s| s.parse::<u64>().ok());
+        if n == 0 || row_step.is_some_and(|s| s <= step) {
+            kept.push(line);
+        }
+    }
+    let tmp = path.with_extension("csv.tmp");
+    {
+        let mut f = BufWriter::new(File::create(&tmp)?);
+        for line in &kept {
+            writeln!(f, "{line}")?;
+        }
+        f.flush()?;
+    }
+    std::fs::rename(&tmp, path)
+}
+
+/// Appends every rank's solver figures to `ranks.csv` (runs on more than one rank): one row
+/// per rank per diagnostics row, so load balance and communication can be read per rank.
+#[derive(Debug)]
+pub struct RankLog {
+    out: BufWriter<File>,
+}
+
+impl RankLog {
+    /// Starts (or, for a resumed run, continues after `resume_step`) the log at `path`;
+    /// `names` are the solver's columns.
+    pub fn open(path: &Path, names: &[&str], resume_step: Option<u64>) -> std::io::Result<Self> {
+        if let Some(step) = resume_step.filter(|_| path.is_file()) {
+            keep_rows_up_to(path, step)?;
+            let out = BufWriter::new(std::fs::OpenOptions::new().append(true).open(path)?);
+            return Ok(RankLog { out });
+        }
+        let mut out = BufWriter::new(File::create(path)?);
+        writeln!(out, "step,time,rank,{}", names.join(","))?;
+        out.flush()?;
+        Ok(RankLog { out })
+    }
+
+    /// Appends one row per rank (`values[r]` are rank r's figures) and flushes.
+    pub fn append(&mut self, step: u64, time: f64, values: &[Vec<f64>]) -> std::io::Result<()> {
+        for (rank, row) in values.iter().enumerate() {
+            write!(self.out, "{step},{time:e},{rank}")?;
+            for v in row {
+                write!(self.out, ",{v}")?;
+            }
+            writeln!(self.out)?;
+        }
         self.out.flush()
     }
 }

@@ -5,6 +5,11 @@
 //! A file is written under a temporary name, fsynced, renamed into place, and the folder is
 //! fsynced; only then are checkpoints beyond the newest `keep` removed. A truncated or
 //! corrupt file fails the length or checksum test and the previous checkpoint is used.
+//!
+//! A run on K > 1 ranks stores each checkpoint as a set: every rank writes its own file into
+//! `checkpoint_S.ranks/` the same way, and once every rank has finished, rank 0 commits the
+//! set by writing `checkpoint_S.manifest` (atomically). A set without a manifest was never
+//! committed and is ignored (and removed at the next commit).
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -70,12 +75,93 @@ pub fn file_name(step: u64) -> String {
     format!("checkpoint_{step:012}.ckpt")
 }
 
-/// The step encoded in a checkpoint file name.
-fn step_of(name: &str) -> Option<u64> {
-    name.strip_prefix("checkpoint_")?
-        .strip_suffix(".ckpt")?
-        .parse()
-        .ok()
+/// File name of the manifest that commits the rank set taken after `step`.
+pub fn manifest_name(step: u64) -> String {
+    format!("checkpoint_{step:012}.manifest")
+}
+
+/// Folder of the rank files of the set taken after `step`.
+pub fn set_folder(dir: &Path, step: u64) -> PathBuf {
+    dir.join(format!("checkpoint_{step:012}.ranks"))
+}
+
+/// Path of rank `rank`'s file in the set taken after `step`.
+pub fn rank_file(dir: &Path, step: u64, rank: usize) -> PathBuf {
+    set_folder(dir, step).join(format!("rank_{rank:05}.ckpt"))
+}
+
+/// The step encoded in a checkpoint file or manifest name, and which of the two it is.
+fn step_of(name: &str) -> Option<(u64, bool)> {
+    let rest = name.strip_prefix("checkpoint_")?;
+    if let Some(step) = rest.strip_suffix(".ckpt") {
+        return Some((step.parse().ok()?, false));
+    }
+    Some((rest.strip_suffix(".manifest")?.parse().ok()?, true))
+}
+
+/// What a manifest records: the set is complete with this many rank files.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct Manifest {
+    /// The step the set was taken after.
+    pub step: u64,
+    /// Number of rank files.
+    pub ranks: usize,
+}
+
+/// One committed checkpoint: a single file, or a manifest and its rank files.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Entry {
+    /// A single-rank checkpoint file.
+    File(PathBuf),
+    /// A committed rank set.
+    Set {
+        /// The manifest.
+        manifest: PathBuf,
+        /// The folder of the rank files.
+        folder: PathBuf,
+    },
+}
+
+impl Entry {
+    /// The file that names this checkpoint (the checkpoint file, or the manifest).
+    pub fn path(&self) -> &Path {
+        match self {
+            Entry::File(p) => p,
+            Entry::Set { manifest, .. } => manifest,
+        }
+    }
+}
+
+/// Writes `bytes` to `path` via a temporary file in the same folder, with fsyncs, so that a
+/// kill at any moment leaves either the old state or the complete file.
+fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    let tmp_path = dir.join(format!(".{name}.tmp"));
+    {
+        let mut f = File::create(&tmp_path).map_err(io_err(&tmp_path, "creating"))?;
+        let half = bytes.len() / 2;
+        f.write_all(&bytes[..half])
+            .map_err(io_err(&tmp_path, "writing"))?;
+        if let Some(ms) = std::env::var(STALL_ENV)
+            .ok()
+            .and_then(|v| v.parse::<u64>().ok())
+        {
+            f.flush().map_err(io_err(&tmp_path, "writing"))?;
+            std::thread::sleep(std::time::Duration::from_millis(ms));
+        }
+        f.write_all(&bytes[half..])
+            .map_err(io_err(&tmp_path, "writing"))?;
+        f.sync_all().map_err(io_err(&tmp_path, "syncing"))?;
+    }
+    fs::rename(&tmp_path, path).map_err(io_err(path, "renaming into place"))?;
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
 }
 
 /// Encodes `payload` into the checkpoint byte layout.
@@ -131,62 +217,106 @@ pub fn write<T: Serialize>(
     keep: usize,
 ) -> Result<PathBuf, CheckpointError> {
     fs::create_dir_all(dir).map_err(io_err(dir, "creating the checkpoint folder"))?;
-    let final_path = dir.join(file_name(step));
-    let tmp_path = dir.join(format!(".{}.tmp", file_name(step)));
+    let path = dir.join(file_name(step));
     let bytes = encode(payload).map_err(|reason| CheckpointError::Invalid {
-        path: final_path.clone(),
+        path: path.clone(),
         reason,
     })?;
-    {
-        let mut f = File::create(&tmp_path).map_err(io_err(&tmp_path, "creating"))?;
-        let half = bytes.len() / 2;
-        f.write_all(&bytes[..half])
-            .map_err(io_err(&tmp_path, "writing"))?;
-        if let Some(ms) = std::env::var(STALL_ENV)
-            .ok()
-            .and_then(|v| v.parse::<u64>().ok())
-        {
-            f.flush().map_err(io_err(&tmp_path, "writing"))?;
-            std::thread::sleep(std::time::Duration::from_millis(ms));
-        }
-        f.write_all(&bytes[half..])
-            .map_err(io_err(&tmp_path, "writing"))?;
-        f.sync_all().map_err(io_err(&tmp_path, "syncing"))?;
-    }
-    fs::rename(&tmp_path, &final_path).map_err(io_err(&final_path, "renaming into place"))?;
-    if let Ok(d) = File::open(dir) {
-        // Makes the rename durable; not every filesystem supports syncing a folder.
-        let _ = d.sync_all();
-    }
+    write_durably(&path, &bytes)?;
     prune(dir, keep)?;
-    Ok(final_path)
+    Ok(path)
 }
 
-/// Checkpoints in `dir`, newest (highest step) first.
-pub fn list(dir: &Path) -> Result<Vec<(u64, PathBuf)>, CheckpointError> {
+/// Writes rank `rank`'s part of the set of `step`. The set counts only once `commit_set`
+/// has run, after every rank's `write_rank` returned.
+pub fn write_rank<T: Serialize>(
+    dir: &Path,
+    step: u64,
+    rank: usize,
+    payload: &T,
+) -> Result<PathBuf, CheckpointError> {
+    let folder = set_folder(dir, step);
+    fs::create_dir_all(&folder).map_err(io_err(&folder, "creating the checkpoint folder"))?;
+    let path = rank_file(dir, step, rank);
+    let bytes = encode(payload).map_err(|reason| CheckpointError::Invalid {
+        path: path.clone(),
+        reason,
+    })?;
+    write_durably(&path, &bytes)?;
+    Ok(path)
+}
+
+/// Commits the set of `step` written by `ranks` ranks, and keeps only the newest `keep`
+/// checkpoints. Call on one rank, after every rank finished `write_rank`.
+pub fn commit_set(
+    dir: &Path,
+    step: u64,
+    ranks: usize,
+    keep: usize,
+) -> Result<PathBuf, CheckpointError> {
+    let path = dir.join(manifest_name(step));
+    let manifest = Manifest { step, ranks };
+    let text = serde_json::to_string_pretty(&manifest).map_err(|e| CheckpointError::Invalid {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    write_durably(&path, text.as_bytes())?;
+    prune(dir, keep)?;
+    Ok(path)
+}
+
+/// Committed checkpoints in `dir`, newest (highest step) first.
+pub fn list(dir: &Path) -> Result<Vec<(u64, Entry)>, CheckpointError> {
     if !dir.is_dir() {
         return Ok(Vec::new());
     }
     let mut found = Vec::new();
     for entry in fs::read_dir(dir).map_err(io_err(dir, "listing"))? {
         let entry = entry.map_err(io_err(dir, "listing"))?;
-        if let Some(step) = entry.file_name().to_str().and_then(step_of) {
-            found.push((step, entry.path()));
+        if let Some((step, is_set)) = entry.file_name().to_str().and_then(step_of) {
+            let e = if is_set {
+                Entry::Set {
+                    manifest: entry.path(),
+                    folder: set_folder(dir, step),
+                }
+            } else {
+                Entry::File(entry.path())
+            };
+            found.push((step, e));
         }
     }
     found.sort_by_key(|f| std::cmp::Reverse(f.0));
     Ok(found)
 }
 
-/// Removes checkpoints beyond the newest `keep` and stale temporary files.
+/// Removes checkpoints beyond the newest `keep`, rank folders that were never committed,
+/// and stale temporary files.
 fn prune(dir: &Path, keep: usize) -> Result<(), CheckpointError> {
-    for (_, path) in list(dir)?.into_iter().skip(keep.max(1)) {
-        fs::remove_file(&path).map_err(io_err(&path, "removing an old checkpoint"))?;
+    let entries = list(dir)?;
+    let mut kept_folders = Vec::new();
+    for (k, (_, entry)) in entries.into_iter().enumerate() {
+        match (k < keep.max(1), entry) {
+            (true, Entry::Set { folder, .. }) => kept_folders.push(folder),
+            (true, Entry::File(_)) => {}
+            (false, Entry::File(path)) => {
+                fs::remove_file(&path).map_err(io_err(&path, "removing an old checkpoint"))?
+            }
+            (false, Entry::Set { manifest, folder }) => {
+                // The manifest first: a set without one is not a checkpoint any more.
+                fs::remove_file(&manifest)
+                    .map_err(io_err(&manifest, "removing an old checkpoint"))?;
+                fs::remove_dir_all(&folder)
+                    .map_err(io_err(&folder, "removing an old checkpoint"))?;
+            }
+        }
     }
     for entry in fs::read_dir(dir).map_err(io_err(dir, "listing"))?.flatten() {
         let name = entry.file_name().to_string_lossy().to_string();
+        let path = entry.path();
         if name.starts_with(".checkpoint_") && name.ends_with(".tmp") {
-            let _ = fs::remove_file(entry.path());
+            let _ = fs::remove_file(&path);
+        } else if name.ends_with(".ranks") && !kept_folders.contains(&path) {
+            let _ = fs::remove_dir_all(&path);
         }
     }
     Ok(())
@@ -201,23 +331,46 @@ pub fn read<T: DeserializeOwned>(path: &Path) -> Result<T, CheckpointError> {
     })
 }
 
-/// The newest checkpoint in `dir` that verifies, with the newer files that did not and why.
+/// Reads and verifies a checkpoint: one payload for a file, one per rank (in rank order)
+/// for a set.
+pub fn read_entry<T: DeserializeOwned>(entry: &Entry) -> Result<Vec<T>, CheckpointError> {
+    match entry {
+        Entry::File(path) => Ok(vec![read(path)?]),
+        Entry::Set { manifest, folder } => {
+            let invalid = |reason: String| CheckpointError::Invalid {
+                path: manifest.clone(),
+                reason,
+            };
+            let text = fs::read_to_string(manifest).map_err(io_err(manifest, "reading"))?;
+            let m: Manifest = serde_json::from_str(&text)
+                .map_err(|e| invalid(format!("unreadable manifest: {e}")))?;
+            if m.ranks == 0 {
+                return Err(invalid("the manifest lists no ranks".into()));
+            }
+            (0..m.ranks)
+                .map(|r| read(&folder.join(format!("rank_{r:05}.ckpt"))))
+                .collect()
+        }
+    }
+}
+
+/// The newest checkpoint in `dir` that verifies, with the newer ones that did not and why.
 /// `Ok(None)` when the folder holds no checkpoint at all; an error, touching nothing, when
 /// none verifies.
 pub fn newest_valid<T: DeserializeOwned>(dir: &Path) -> Result<Option<Found<T>>, CheckpointError> {
     let mut rejected = Vec::new();
     let candidates = list(dir)?;
     let any = !candidates.is_empty();
-    for (_, path) in candidates {
-        match read::<T>(&path) {
-            Ok(payload) => {
+    for (_, entry) in candidates {
+        match read_entry::<T>(&entry) {
+            Ok(payloads) => {
                 return Ok(Some(Found {
-                    path,
-                    payload,
+                    entry,
+                    payloads,
                     rejected,
                 }));
             }
-            Err(e) => rejected.push((path, e.to_string())),
+            Err(e) => rejected.push((entry, e.to_string())),
         }
     }
     if any {
@@ -233,18 +386,21 @@ pub fn newest_valid<T: DeserializeOwned>(dir: &Path) -> Result<Option<Found<T>>,
 /// A checkpoint found by `newest_valid`.
 #[derive(Debug)]
 pub struct Found<T> {
-    /// Its file.
-    pub path: PathBuf,
-    /// Its content.
-    pub payload: T,
-    /// Newer files that failed verification, with the reason.
-    pub rejected: Vec<(PathBuf, String)>,
+    /// The checkpoint.
+    pub entry: Entry,
+    /// Its payloads: one for a file, one per rank for a set.
+    pub payloads: Vec<T>,
+    /// Newer checkpoints that failed verification, with the reason.
+    pub rejected: Vec<(Entry, String)>,
 }
 
-/// Renames a checkpoint that failed verification to `*.ckpt.corrupt`: kept for inspection,
-/// never tried again. Returns the new name.
-pub fn set_aside(path: &Path) -> Result<PathBuf, CheckpointError> {
-    let aside = path.with_extension("ckpt.corrupt");
+/// Renames a checkpoint that failed verification (the file, or a set's manifest) to
+/// `*.corrupt`: kept for inspection, never tried again. Returns the new name.
+pub fn set_aside(entry: &Entry) -> Result<PathBuf, CheckpointError> {
+    let path = entry.path();
+    let mut name = path.as_os_str().to_owned();
+    name.push(".corrupt");
+    let aside = PathBuf::from(name);
     fs::rename(path, &aside).map_err(io_err(path, "setting a corrupt checkpoint aside"))?;
     Ok(aside)
 }
@@ -288,10 +444,10 @@ mod tests {
             .set_len(len - 5)
             .unwrap();
         let found = newest_valid::<u64>(dir.path()).unwrap().unwrap();
-        assert_eq!(found.payload, 30);
-        assert_eq!(found.path, dir.path().join(file_name(30)));
+        assert_eq!(found.payloads, vec![30]);
+        assert_eq!(found.entry, Entry::File(dir.path().join(file_name(30))));
         assert_eq!(found.rejected.len(), 1);
-        assert_eq!(found.rejected[0].0, newest);
+        assert_eq!(found.rejected[0].0, Entry::File(newest.clone()));
         // With every file damaged, nothing verifies and nothing is touched.
         let only = dir.path().join(file_name(30));
         fs::OpenOptions::new()
@@ -302,5 +458,39 @@ mod tests {
             .unwrap();
         assert!(newest_valid::<u64>(dir.path()).is_err());
         assert!(newest.exists() && only.exists());
+    }
+
+    #[test]
+    fn rank_sets_count_only_when_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write(d, 10, &10u64, 3).unwrap();
+        for rank in 0..3 {
+            write_rank(d, 20, rank, &(200 + rank as u64)).unwrap();
+        }
+        // Not committed yet: the single file is still the newest checkpoint.
+        assert_eq!(newest_valid::<u64>(d).unwrap().unwrap().payloads, vec![10]);
+        commit_set(d, 20, 3, 3).unwrap();
+        let found = newest_valid::<u64>(d).unwrap().unwrap();
+        assert_eq!(found.payloads, vec![200, 201, 202]);
+        // An uncommitted newer set is ignored, then removed by the next commit; a damaged
+        // rank file makes its whole set fall back to the previous checkpoint.
+        write_rank(d, 30, 0, &300u64).unwrap();
+        for rank in 0..2 {
+            write_rank(d, 40, rank, &(400 + rank as u64)).unwrap();
+        }
+        commit_set(d, 40, 2, 2).unwrap();
+        assert!(!set_folder(d, 30).exists());
+        assert!(
+            !d.join(file_name(10)).exists(),
+            "only the newest 2 are kept"
+        );
+        fs::write(rank_file(d, 40, 1), b"garbage").unwrap();
+        let found = newest_valid::<u64>(d).unwrap().unwrap();
+        assert_eq!(found.payloads, vec![200, 201, 202]);
+        assert_eq!(found.rejected.len(), 1);
+        let aside = set_aside(&found.rejected[0].0).unwrap();
+        assert!(aside.to_string_lossy().ends_with(".manifest.corrupt"));
+        assert_eq!(list(d).unwrap().len(), 1);
     }
 }

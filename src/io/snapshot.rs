@@ -55,6 +55,26 @@ pub struct SnapshotInfo<'a> {
     pub parameters: Vec<(String, toml::Value)>,
     /// The full settings text (run config or model file), recorded as `leapfmm_config`.
     pub settings_text: Option<&'a str>,
+    /// Set when this file is one of several that together hold the snapshot.
+    pub multi_file: Option<MultiFile>,
+}
+
+/// The set a file of a multi-file snapshot belongs to (GADGET `snapdir_NNN/snap_NNN.R.hdf5`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MultiFile {
+    /// Files in the set (`NumFilesPerSnapshot`).
+    pub files: u32,
+    /// Particles per type over all files (`NumPart_Total`).
+    pub total: [u64; PART_TYPES],
+}
+
+/// Particles per GADGET type in `particles`.
+pub fn part_type_counts(particles: &Particles) -> [u64; PART_TYPES] {
+    let mut counts = [0u64; PART_TYPES];
+    for c in &particles.component {
+        counts[c.part_type()] += 1;
+    }
+    counts
 }
 
 /// Writes one snapshot file atomically (temporary name, then rename), particles grouped by
@@ -98,21 +118,23 @@ fn write_file(path: &Path, particles: &Particles, info: &SnapshotInfo) -> hdf5::
         by_type[c.part_type()].extend(idx);
     }
     let counts: Vec<u32> = by_type.iter().map(|v| v.len() as u32).collect();
-    let high: Vec<u32> = by_type
-        .iter()
-        .map(|v| (v.len() as u64 >> 32) as u32)
-        .collect();
+    let (files, total) = match info.multi_file {
+        Some(m) => (m.files, m.total.to_vec()),
+        None => (1, by_type.iter().map(|v| v.len() as u64).collect()),
+    };
+    let total_low: Vec<u32> = total.iter().map(|&t| t as u32).collect();
+    let high: Vec<u32> = total.iter().map(|&t| (t >> 32) as u32).collect();
     let double = info.precision == Precision::Double;
 
     let header = file.create_group("Header")?;
     write_array(&header, "NumPart_ThisFile", &counts)?;
-    write_array(&header, "NumPart_Total", &counts)?;
+    write_array(&header, "NumPart_Total", &total_low)?;
     write_array(&header, "NumPart_Total_HighWord", &high)?;
     write_array(&header, "MassTable", &[0.0f64; PART_TYPES])?;
     write_scalar(&header, "Time", info.time)?;
     write_scalar(&header, "Redshift", 0.0f64)?;
     write_scalar(&header, "BoxSize", 0.0f64)?;
-    write_scalar(&header, "NumFilesPerSnapshot", 1i32)?;
+    write_scalar(&header, "NumFilesPerSnapshot", files as i32)?;
     write_scalar(&header, "Omega0", 0.0f64)?;
     write_scalar(&header, "OmegaLambda", 0.0f64)?;
     write_scalar(&header, "HubbleParam", 1.0f64)?;

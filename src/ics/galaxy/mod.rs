@@ -9,7 +9,7 @@ pub mod spheroid;
 pub mod tables;
 pub mod velocities;
 
-use super::sampling::{isotropic_unit, sample_blocks};
+use super::sampling::{Share, Stream, isotropic_unit, sample_blocks};
 use super::{BulgeModel, DiskModel, HaloModel, HaloProfile, ModelFile, QProfileKind};
 use crate::particles::{Component, Particles};
 use disk::DiskProfile;
@@ -278,14 +278,19 @@ impl Galaxy {
     /// Samples `n` particles from `seed`: halo IDs first, then disk, then bulge. Each block of
     /// 4096 IDs of each component has its own random stream, so the result does not depend on
     /// the number of threads.
-    pub fn generate(&self, n: usize, seed: u64) -> Particles {
+    pub fn generate(&self, n: usize, seed: u64, share: Share) -> Particles {
         let [nh, nd, nb] = self.counts(n);
+        let stream = |stream: u64, first_id: usize| Stream {
+            seed,
+            stream,
+            first_id: first_id as u64,
+        };
         let mut out = Particles::with_capacity(n);
         if let Some(h) = &self.halo {
-            out.extend(self.sample_spheroid(h, nh, seed, 1, Component::Halo, 1));
+            out.extend(self.sample_spheroid(h, nh, Component::Halo, stream(1, 1), share));
         }
         if let Some(d) = &self.disk {
-            out.extend(sample_blocks(nd, seed, 2, (nh + 1) as u64, |rng| {
+            out.extend(sample_blocks(nd, stream(2, nh + 1), share, |rng| {
                 let x = d.profile.sample_position(rng);
                 let v = d.kinematics.sample(x, rng);
                 (x, v, d.profile.mass / nd as f64, Component::Disk)
@@ -295,10 +300,9 @@ impl Galaxy {
             out.extend(self.sample_spheroid(
                 b,
                 nb,
-                seed,
-                3,
                 Component::Bulge,
-                (nh + nd + 1) as u64,
+                stream(3, nh + nd + 1),
+                share,
             ));
         }
         out
@@ -308,14 +312,13 @@ impl Galaxy {
         &self,
         c: &SpheroidComponent,
         n: usize,
-        seed: u64,
-        stream: u64,
         component: Component,
-        first_id: u64,
+        stream: Stream,
+        share: Share,
     ) -> Particles {
         let grid = &self.potential.grid;
         let mass = c.table.total_mass() / n.max(1) as f64;
-        sample_blocks(n, seed, stream, first_id, |rng| {
+        sample_blocks(n, stream, share, |rng| {
             let r = c.table.radius_of_mass_fraction(grid, rng.random());
             let d = isotropic_unit(rng);
             let psi = grid.interp(&self.psi, r).max(0.0);

@@ -1,0 +1,170 @@
+//! MPI ranks (`cargo nextest run --features mpi`, needs `mpirun` from openmpi-bin): a run and
+//! a force evaluation under `mpirun -n 2` / `-n 3` give the same bits as the same number of
+//! thread ranks, and a failure stops every rank with a clear message.
+#![cfg(feature = "mpi")]
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+/// `mpirun -n ranks leapfmm args…` in `dir` (as root too, more ranks than cores allowed).
+fn mpirun(dir: &Path, ranks: usize, args: &[&str]) -> Output {
+    Command::new("mpirun")
+        .current_dir(dir)
+        .args([
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-n",
+            &ranks.to_string(),
+        ])
+        .arg(env!("CARGO_BIN_EXE_leapfmm"))
+        .args(args)
+        .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
+        .output()
+        .expect("mpirun starts (install openmpi-bin)")
+}
+
+fn galaxy_config(dir: &Path, name: &str) -> std::path::PathBuf {
+    let text = format!(
+        r#"name = "{name}"
+output_dir = "runs"
+seed = 3
+units = "galactic"
+
+[ics]
+model = "{model}"
+n = 12000
+
+[gravity]
+solver = "fmm"
+softening = 0.05
+
+[integrator]
+t_end = 0.02
+dt_max = 0.001
+fixed_step = true
+
+[output]
+snapshot_interval = 0.02
+checkpoint_interval = 0.01
+snapshot_precision = "double"
+"#,
+        model = repo("ics/small_disk.toml").display()
+    );
+    write(dir, &format!("{name}.toml"), &text)
+}
+
+fn final_state(run: &Path, ranks: usize) -> Vec<Vec<u8>> {
+    (0..ranks)
+        .flat_map(|r| {
+            let f = run.join(format!("snapshots/snapdir_001/snap_001.{r}.hdf5"));
+            ["PartType1", "PartType2"].into_iter().flat_map(move |pt| {
+                [
+                    dataset_bytes(&f, &format!("{pt}/Coordinates")),
+                    dataset_bytes(&f, &format!("{pt}/Velocities")),
+                ]
+            })
+        })
+        .collect()
+}
+
+#[test]
+fn mpi_ranks_run_like_thread_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    for ranks in [2, 3] {
+        let mpi = galaxy_config(d, &format!("mpi{ranks}"));
+        let out = mpirun(d, ranks, &["run", mpi.to_str().unwrap(), "--quiet"]);
+        assert!(
+            out.status.success(),
+            "mpirun -n {ranks} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let threads = galaxy_config(d, &format!("threads{ranks}"));
+        let r = ranks.to_string();
+        let out = run_in(
+            d,
+            &["run", threads.to_str().unwrap(), "--quiet", "--ranks", &r],
+        );
+        assert!(out.status.success());
+        let a = final_state(&d.join(format!("runs/mpi{ranks}")), ranks);
+        let b = final_state(&d.join(format!("runs/threads{ranks}")), ranks);
+        assert!(a == b, "{ranks} MPI ranks differ from {ranks} thread ranks");
+        let manifest = d.join(format!(
+            "runs/mpi{ranks}/checkpoints/checkpoint_000000000020.manifest"
+        ));
+        assert!(
+            manifest.is_file(),
+            "the MPI run commits rank checkpoint sets"
+        );
+    }
+}
+
+#[test]
+fn mpi_forces_match_thread_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = repo("ics/small_disk.toml");
+    let out = run_in(
+        d,
+        &[
+            "ics",
+            model.to_str().unwrap(),
+            "--n",
+            "20000",
+            "-o",
+            "ic.hdf5",
+        ],
+    );
+    assert!(out.status.success());
+    let mpi = mpirun(
+        d,
+        3,
+        &["forces", "ic.hdf5", "--softening", "0.05", "-o", "mpi.hdf5"],
+    );
+    assert!(
+        mpi.status.success(),
+        "{}",
+        String::from_utf8_lossy(&mpi.stderr)
+    );
+    assert!(String::from_utf8_lossy(&mpi.stdout).contains("on 3 ranks"));
+    let threads = run_in(
+        d,
+        &[
+            "forces",
+            "ic.hdf5",
+            "--softening",
+            "0.05",
+            "-o",
+            "threads.hdf5",
+            "--ranks",
+            "3",
+        ],
+    );
+    assert!(threads.status.success());
+    for pt in ["PartType1", "PartType2"] {
+        for ds in ["Acceleration", "Potential"] {
+            let name = format!("{pt}/{ds}");
+            assert!(
+                dataset_bytes(&d.join("mpi.hdf5"), &name)
+                    == dataset_bytes(&d.join("threads.hdf5"), &name),
+                "{name} differs"
+            );
+        }
+    }
+}
+
+#[test]
+fn a_failure_under_mpirun_stops_every_rank_with_a_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let start = Instant::now();
+    let out = mpirun(d, 2, &["forces", "missing.hdf5", "--softening", "0.05"]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("missing.hdf5"), "{err}");
+    assert!(start.elapsed() < Duration::from_secs(60), "no hang");
+}
