@@ -7,8 +7,9 @@ use super::comm::{
     Communicator, ThreadRank, allgatherv, allreduce_sum, alltoallv, run_thread_ranks,
 };
 use super::decomposition::{Domains, balance, global_cube, migrate};
-use super::let_tree::{LetPacket, TopCell, export, import, top_tree};
+use super::let_tree::{LetPacket, TopCell, WirePrecision, export, import, top_tree};
 use crate::fmm::caps::{CapKind, Caps, CapsTracker};
+use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::presets::PresetsStore;
 use crate::fmm::solver::{FmmStats, RemoteSource, RemoteTree};
 use crate::fmm::tree::Tree;
@@ -143,38 +144,25 @@ impl RemoteSource for Exchange<'_> {
             let_particles: need_particles,
             ..stats.used
         };
-        let bytes = |p: &LetPacket| {
-            std::mem::size_of_val(p.cells.as_slice())
-                + std::mem::size_of_val(p.multipoles.as_slice())
-                + std::mem::size_of_val(p.particles.as_slice())
+        let precision = match self.settings.near_field {
+            NearFieldPrecision::Mixed => WirePrecision::Single,
+            NearFieldPrecision::Double => WirePrecision::Double,
         };
-        self.stats.let_bytes_sent = packets.iter().map(bytes).sum();
-        let mut cells_out = Vec::with_capacity(k);
-        let mut multipoles_out = Vec::with_capacity(k);
-        let mut particles_out = Vec::with_capacity(k);
-        for p in packets {
-            cells_out.push(p.cells);
-            multipoles_out.push(p.multipoles);
-            particles_out.push(p.particles);
-        }
-        let cells_in = alltoallv(comm, &cells_out).map_err(comm_err)?;
-        let multipoles_in = alltoallv(comm, &multipoles_out).map_err(comm_err)?;
-        let particles_in = alltoallv(comm, &particles_out).map_err(comm_err)?;
+        let out: Vec<Vec<u8>> = packets.iter().map(|p| p.encode(precision)).collect();
+        self.stats.let_bytes_sent = out.iter().map(Vec::len).sum();
+        let incoming = comm.alltoall_bytes(out).map_err(comm_err)?;
         let mut trees = Vec::new();
         let mut received = 0;
-        for j in 0..k {
-            if j == me || cells_in[j].is_empty() {
+        for (j, bytes) in incoming.iter().enumerate() {
+            if j == me || bytes.is_empty() {
                 continue;
             }
-            received += std::mem::size_of_val(cells_in[j].as_slice())
-                + std::mem::size_of_val(multipoles_in[j].as_slice())
-                + std::mem::size_of_val(particles_in[j].as_slice());
-            trees.push(import(
-                &cells_in[j],
-                &multipoles_in[j],
-                &particles_in[j],
-                len,
-            ));
+            received += bytes.len();
+            let packet =
+                LetPacket::decode(bytes, precision).map_err(GravityError::Communication)?;
+            if !packet.cells.is_empty() {
+                trees.push(import(&packet, len));
+            }
         }
         self.stats.let_bytes_received = received;
         self.stats.let_cells = need_cells;

@@ -183,15 +183,132 @@ pub fn export(
     out
 }
 
+/// How a packet travels: in single precision (with the mixed-precision near field, whose
+/// own rounding is coarser) multipoles go as f32 and particles as f32 offsets from their
+/// leaf's centre with an f32 mass, half the bytes of f64; cell geometry always travels
+/// exactly, because both ranks' walks must take the same decisions on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WirePrecision {
+    /// f32 multipoles and particle records (16 bytes per particle).
+    Single,
+    /// f64 throughout (32 bytes per particle).
+    Double,
+}
+
+/// Bytes of the count header of an encoded packet.
+const HEADER: usize = 3 * 8;
+
+impl LetPacket {
+    /// The packet as bytes: three u64 counts (cells, multipole values, particles), the cells,
+    /// the multipoles, the particles.
+    pub fn encode(&self, precision: WirePrecision) -> Vec<u8> {
+        let mut out = Vec::new();
+        for count in [
+            self.cells.len(),
+            self.multipoles.len(),
+            self.particles.len(),
+        ] {
+            out.extend_from_slice(&(count as u64).to_le_bytes());
+        }
+        out.extend_from_slice(bytemuck::cast_slice(&self.cells));
+        match precision {
+            WirePrecision::Double => {
+                out.extend_from_slice(bytemuck::cast_slice(&self.multipoles));
+                out.extend_from_slice(bytemuck::cast_slice(&self.particles));
+            }
+            WirePrecision::Single => {
+                let m: Vec<f32> = self.multipoles.iter().map(|&v| v as f32).collect();
+                out.extend_from_slice(bytemuck::cast_slice(&m));
+                let mut q = vec![[0f32; 4]; self.particles.len()];
+                for c in &self.cells {
+                    for i in c.begin as usize..c.end as usize {
+                        let x = self.particles[i];
+                        q[i] = [
+                            (x[0] - c.centre[0]) as f32,
+                            (x[1] - c.centre[1]) as f32,
+                            (x[2] - c.centre[2]) as f32,
+                            x[3] as f32,
+                        ];
+                    }
+                }
+                out.extend_from_slice(bytemuck::cast_slice(&q));
+            }
+        }
+        out
+    }
+
+    /// Decodes `encode`'s bytes (particles back to absolute f64 positions).
+    pub fn decode(bytes: &[u8], precision: WirePrecision) -> Result<LetPacket, String> {
+        let bad = || "a locally essential tree arrived truncated".to_string();
+        let count = |k: usize| -> Result<usize, String> {
+            let b = bytes.get(8 * k..8 * k + 8).ok_or_else(bad)?;
+            let mut a = [0u8; 8];
+            a.copy_from_slice(b);
+            Ok(u64::from_le_bytes(a) as usize)
+        };
+        let (nc, nm, np) = (count(0)?, count(1)?, count(2)?);
+        let (value, record) = match precision {
+            WirePrecision::Single => (4, 16),
+            WirePrecision::Double => (8, 32),
+        };
+        let cell_bytes = nc * std::mem::size_of::<LetCell>();
+        if bytes.len() != HEADER + cell_bytes + nm * value + np * record {
+            return Err(bad());
+        }
+        let mut at = HEADER;
+        let mut take = |n: usize| {
+            let part = &bytes[at..at + n];
+            at += n;
+            part
+        };
+        let cells: Vec<LetCell> = bytemuck::pod_collect_to_vec(take(cell_bytes));
+        let (multipoles, mut particles) = match precision {
+            WirePrecision::Double => (
+                bytemuck::pod_collect_to_vec::<u8, f64>(take(nm * 8)),
+                bytemuck::pod_collect_to_vec::<u8, [f64; 4]>(take(np * 32)),
+            ),
+            WirePrecision::Single => {
+                let m: Vec<f32> = bytemuck::pod_collect_to_vec(take(nm * 4));
+                let q: Vec<[f32; 4]> = bytemuck::pod_collect_to_vec(take(np * 16));
+                (
+                    m.iter().map(|&v| f64::from(v)).collect(),
+                    q.iter()
+                        .map(|v| {
+                            [
+                                f64::from(v[0]),
+                                f64::from(v[1]),
+                                f64::from(v[2]),
+                                f64::from(v[3]),
+                            ]
+                        })
+                        .collect(),
+                )
+            }
+        };
+        if precision == WirePrecision::Single {
+            for c in &cells {
+                let range = c.begin as usize..c.end as usize;
+                let part = particles.get_mut(range).ok_or_else(bad)?;
+                for x in part {
+                    for k in 0..3 {
+                        x[k] += c.centre[k];
+                    }
+                }
+            }
+        }
+        Ok(LetPacket {
+            cells,
+            multipoles,
+            particles,
+        })
+    }
+}
+
 /// A received packet as a remote tree: cells sent without their children become opaque,
 /// and the multipoles are laid out one per cell (zero where none was sent; the walk never
 /// uses those).
-pub fn import(
-    cells: &[LetCell],
-    multipoles: &[f64],
-    particles: &[[f64; 4]],
-    len: usize,
-) -> RemoteTree {
+pub fn import(packet: &LetPacket, len: usize) -> RemoteTree {
+    let (cells, multipoles, particles) = (&packet.cells, &packet.multipoles, &packet.particles);
     let mut expanded = vec![0.0; cells.len() * len];
     let mut next = multipoles.chunks_exact(len);
     for (i, c) in cells.iter().enumerate() {
