@@ -71,6 +71,8 @@ pub fn top_tree(tree: &Tree) -> Vec<TopCell> {
 const TREE_LEAF: u32 = 1;
 /// `LetCell::flags` bit: the cell's multipole was sent.
 const HAS_MULTIPOLE: u32 = 2;
+/// `LetCell::flags` bit: the cell's particles share one mass, sent once.
+const UNIFORM_MASS: u32 = 4;
 
 /// One cell of a locally essential tree on the wire.
 #[repr(C)]
@@ -90,7 +92,7 @@ pub struct LetCell {
     pub begin: u32,
     /// End of the particle range.
     pub end: u32,
-    /// `TREE_LEAF` | `HAS_MULTIPOLE`.
+    /// `TREE_LEAF` | `HAS_MULTIPOLE` | `UNIFORM_MASS`.
     pub flags: u32,
     /// Padding (Pod layout).
     pub pad: u32,
@@ -156,7 +158,8 @@ pub fn export(
             flags: if cell.is_leaf() { TREE_LEAF } else { 0 },
             ..LetCell::zeroed()
         };
-        if n & NEED_MULTIPOLE != 0 {
+        // The receiver rebuilds the multipole of a cell it gets particles or children of.
+        if n == NEED_MULTIPOLE {
             entry.flags |= HAS_MULTIPOLE;
             let off = c as usize * len;
             out.multipoles
@@ -183,61 +186,78 @@ pub fn export(
     out
 }
 
-/// How a packet travels: in single precision (with the mixed-precision near field, whose
-/// own rounding is coarser) multipoles go as f32 and particles as f32 offsets from their
-/// leaf's centre with an f32 mass, half the bytes of f64; cell geometry always travels
-/// exactly, because both ranks' walks must take the same decisions on it.
+/// How a packet travels. Positions: in single precision (with the mixed-precision near
+/// field, whose own rounding is coarser) as f32 offsets from their leaf's centre, else as
+/// f64; multipoles likewise f32 or f64. Masses always travel exactly (f64), once per leaf
+/// when its particles share one mass, so the ranks' mutual forces stay symmetric. Cell
+/// geometry always travels exactly, because both ranks' walks must decide alike on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WirePrecision {
-    /// f32 multipoles and particle records (16 bytes per particle).
+    /// f32 positions (12 bytes per particle) and multipoles.
     Single,
-    /// f64 throughout (32 bytes per particle).
+    /// f64 positions (24 bytes per particle) and multipoles.
     Double,
 }
 
 /// Bytes of the count header of an encoded packet.
-const HEADER: usize = 3 * 8;
+const HEADER: usize = 4 * 8;
+
+/// The masses of a packet's particles, in cell order: one value for a leaf whose particles
+/// all have the same mass (flagged `UNIFORM_MASS`), else one per particle.
+fn mass_stream(cells: &mut [LetCell], particles: &[[f64; 4]]) -> Vec<f64> {
+    let mut out = Vec::new();
+    for c in cells.iter_mut().filter(|c| c.end > c.begin) {
+        let part = &particles[c.begin as usize..c.end as usize];
+        if part.iter().all(|q| q[3].to_bits() == part[0][3].to_bits()) {
+            c.flags |= UNIFORM_MASS;
+            out.push(part[0][3]);
+        } else {
+            out.extend(part.iter().map(|q| q[3]));
+        }
+    }
+    out
+}
 
 impl LetPacket {
-    /// The packet as bytes: three u64 counts (cells, multipole values, particles), the cells,
-    /// the multipoles, the particles.
+    /// The packet as bytes: four u64 counts (cells, multipole values, particles, mass
+    /// values), the cells, the multipoles, the positions, the masses.
     pub fn encode(&self, precision: WirePrecision) -> Vec<u8> {
+        let mut cells = self.cells.clone();
+        let masses = mass_stream(&mut cells, &self.particles);
         let mut out = Vec::new();
         for count in [
-            self.cells.len(),
+            cells.len(),
             self.multipoles.len(),
             self.particles.len(),
+            masses.len(),
         ] {
             out.extend_from_slice(&(count as u64).to_le_bytes());
         }
-        out.extend_from_slice(bytemuck::cast_slice(&self.cells));
+        out.extend_from_slice(bytemuck::cast_slice(&cells));
         match precision {
             WirePrecision::Double => {
                 out.extend_from_slice(bytemuck::cast_slice(&self.multipoles));
-                out.extend_from_slice(bytemuck::cast_slice(&self.particles));
+                let x: Vec<[f64; 3]> = self.particles.iter().map(|q| [q[0], q[1], q[2]]).collect();
+                out.extend_from_slice(bytemuck::cast_slice(&x));
             }
             WirePrecision::Single => {
                 let m: Vec<f32> = self.multipoles.iter().map(|&v| v as f32).collect();
                 out.extend_from_slice(bytemuck::cast_slice(&m));
-                let mut q = vec![[0f32; 4]; self.particles.len()];
-                for c in &self.cells {
+                let mut x = vec![[0f32; 3]; self.particles.len()];
+                for c in &cells {
                     for i in c.begin as usize..c.end as usize {
-                        let x = self.particles[i];
-                        q[i] = [
-                            (x[0] - c.centre[0]) as f32,
-                            (x[1] - c.centre[1]) as f32,
-                            (x[2] - c.centre[2]) as f32,
-                            x[3] as f32,
-                        ];
+                        let q = self.particles[i];
+                        x[i] = std::array::from_fn(|k| (q[k] - c.centre[k]) as f32);
                     }
                 }
-                out.extend_from_slice(bytemuck::cast_slice(&q));
+                out.extend_from_slice(bytemuck::cast_slice(&x));
             }
         }
+        out.extend_from_slice(bytemuck::cast_slice(&masses));
         out
     }
 
-    /// Decodes `encode`'s bytes (particles back to absolute f64 positions).
+    /// Decodes `encode`'s bytes (positions back to absolute f64).
     pub fn decode(bytes: &[u8], precision: WirePrecision) -> Result<LetPacket, String> {
         let bad = || "a locally essential tree arrived truncated".to_string();
         let count = |k: usize| -> Result<usize, String> {
@@ -246,13 +266,13 @@ impl LetPacket {
             a.copy_from_slice(b);
             Ok(u64::from_le_bytes(a) as usize)
         };
-        let (nc, nm, np) = (count(0)?, count(1)?, count(2)?);
-        let (value, record) = match precision {
-            WirePrecision::Single => (4, 16),
-            WirePrecision::Double => (8, 32),
+        let (nc, nm, np, nq) = (count(0)?, count(1)?, count(2)?, count(3)?);
+        let (value, position) = match precision {
+            WirePrecision::Single => (4, 12),
+            WirePrecision::Double => (8, 24),
         };
         let cell_bytes = nc * std::mem::size_of::<LetCell>();
-        if bytes.len() != HEADER + cell_bytes + nm * value + np * record {
+        if bytes.len() != HEADER + cell_bytes + nm * value + np * position + nq * 8 {
             return Err(bad());
         }
         let mut at = HEADER;
@@ -262,38 +282,44 @@ impl LetPacket {
             part
         };
         let cells: Vec<LetCell> = bytemuck::pod_collect_to_vec(take(cell_bytes));
-        let (multipoles, mut particles) = match precision {
+        let (multipoles, positions): (Vec<f64>, Vec<[f64; 3]>) = match precision {
             WirePrecision::Double => (
-                bytemuck::pod_collect_to_vec::<u8, f64>(take(nm * 8)),
-                bytemuck::pod_collect_to_vec::<u8, [f64; 4]>(take(np * 32)),
+                bytemuck::pod_collect_to_vec(take(nm * 8)),
+                bytemuck::pod_collect_to_vec(take(np * 24)),
             ),
             WirePrecision::Single => {
                 let m: Vec<f32> = bytemuck::pod_collect_to_vec(take(nm * 4));
-                let q: Vec<[f32; 4]> = bytemuck::pod_collect_to_vec(take(np * 16));
+                let x: Vec<[f32; 3]> = bytemuck::pod_collect_to_vec(take(np * 12));
                 (
                     m.iter().map(|&v| f64::from(v)).collect(),
-                    q.iter()
-                        .map(|v| {
-                            [
-                                f64::from(v[0]),
-                                f64::from(v[1]),
-                                f64::from(v[2]),
-                                f64::from(v[3]),
-                            ]
-                        })
-                        .collect(),
+                    x.iter().map(|v| v.map(f64::from)).collect(),
                 )
             }
         };
-        if precision == WirePrecision::Single {
-            for c in &cells {
-                let range = c.begin as usize..c.end as usize;
-                let part = particles.get_mut(range).ok_or_else(bad)?;
-                for x in part {
-                    for k in 0..3 {
-                        x[k] += c.centre[k];
-                    }
-                }
+        let masses: Vec<f64> = bytemuck::pod_collect_to_vec(take(nq * 8));
+        let mut particles = vec![[0.0; 4]; np];
+        let mut next_mass = masses.iter();
+        for c in cells.iter().filter(|c| c.end > c.begin) {
+            let range = c.begin as usize..c.end as usize;
+            let (part, xs) = (
+                particles.get_mut(range.clone()).ok_or_else(bad)?,
+                positions.get(range).ok_or_else(bad)?,
+            );
+            let uniform = if c.flags & UNIFORM_MASS != 0 {
+                Some(*next_mass.next().ok_or_else(bad)?)
+            } else {
+                None
+            };
+            for (q, x) in part.iter_mut().zip(xs) {
+                let m = match uniform {
+                    Some(m) => m,
+                    None => *next_mass.next().ok_or_else(bad)?,
+                };
+                let x = match precision {
+                    WirePrecision::Single => std::array::from_fn(|k| x[k] + c.centre[k]),
+                    WirePrecision::Double => *x,
+                };
+                *q = [x[0], x[1], x[2], m];
             }
         }
         Ok(LetPacket {

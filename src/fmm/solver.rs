@@ -104,6 +104,36 @@ fn sub(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
     [a[0] - b[0], a[1] - b[1], a[2] - b[2]]
 }
 
+/// P2M of a leaf's particles into `m`, in batches of `M2L_LANES`.
+fn p2m_leaf(ops: &Operators, tree: &Tree, cell: &Cell, m: &mut [f64]) {
+    let range = cell.begin as usize..cell.end as usize;
+    for (x, q) in tree.pos[range.clone()]
+        .chunks(M2L_LANES)
+        .zip(tree.mass[range].chunks(M2L_LANES))
+    {
+        let y = std::array::from_fn(|w| x.get(w).map_or([0.0; 3], |x| sub(*x, cell.centre)));
+        let q = std::array::from_fn(|w| q.get(w).copied().unwrap_or(0.0));
+        ops.p2m_batch(&y, &q, m);
+    }
+}
+
+/// Adds the multipole `child_m` of `child` to its parent's `m`.
+fn m2m_child(
+    p: usize,
+    parent: &Cell,
+    child: &Cell,
+    child_m: &[f64],
+    m: &mut [f64],
+    scratch: &mut [f64],
+) {
+    let t = [
+        child.centre[0] - parent.centre[0],
+        child.centre[1] - parent.centre[1],
+        child.centre[2] - parent.centre[2],
+    ];
+    expansion::m2m(p, t, child_m, m, scratch);
+}
+
 /// A leaf and the slices of the sorted output arrays that belong to its particles.
 type LeafOutput<'a> = (u32, &'a mut [[f64; 3]], &'a mut [f64]);
 
@@ -356,8 +386,10 @@ impl FmmSolver {
                 if r.cells.is_empty() {
                     continue;
                 }
-                remote_roots.push(self.tree.append_remote(&r.cells, &r.pos, &r.mass));
+                let root = self.tree.append_remote(&r.cells, &r.pos, &r.mass);
                 self.multipoles.extend_from_slice(&r.multipoles);
+                self.rebuild_remote_multipoles(root as usize, r.cells.len(), len);
+                remote_roots.push(root);
             }
             stats.seconds.exchange = t0.elapsed().as_secs_f64();
         }
@@ -502,6 +534,41 @@ impl FmmSolver {
         }
     }
 
+    /// The multipoles of a remote tree's cells that came without one (the sender sends
+    /// multipoles only for the cells it sends neither particles nor children of): P2M from
+    /// the particles, M2M from the children, deepest first. With f64 on the wire these are
+    /// the sender's own bits (same operations in the same order).
+    fn rebuild_remote_multipoles(&mut self, first: usize, count: usize, len: usize) {
+        let p = self.settings.order;
+        let (tree, ops) = (&self.tree, &self.ops);
+        let mut scratch = vec![0.0; len];
+        // Breadth first within the tree: children come after their parent.
+        for c in (first..first + count).rev() {
+            let cell = &tree.cells[c];
+            if cell.count() == 0 && cell.is_leaf() {
+                continue;
+            }
+            let (head, below) = self.multipoles.split_at_mut((c + 1) * len);
+            let m = &mut head[c * len..];
+            m.fill(0.0);
+            if cell.is_leaf() {
+                p2m_leaf(ops, tree, cell, m);
+            } else {
+                for ch in cell.children() {
+                    let off = (ch as usize - c - 1) * len;
+                    m2m_child(
+                        p,
+                        cell,
+                        &tree.cells[ch as usize],
+                        &below[off..off + len],
+                        m,
+                        &mut scratch,
+                    );
+                }
+            }
+        }
+    }
+
     /// P2M at leaves, then M2M level by level towards the root.
     fn upward(&mut self, len: usize) {
         let p = self.settings.order;
@@ -519,27 +586,12 @@ impl FmmSolver {
                 |scratch, (i, m)| {
                     let cell = &tree.cells[lo + i];
                     if cell.is_leaf() {
-                        let range = cell.begin as usize..cell.end as usize;
-                        for (x, q) in tree.pos[range.clone()]
-                            .chunks(M2L_LANES)
-                            .zip(tree.mass[range].chunks(M2L_LANES))
-                        {
-                            let y = std::array::from_fn(|w| {
-                                x.get(w).map_or([0.0; 3], |x| sub(*x, cell.centre))
-                            });
-                            let q = std::array::from_fn(|w| q.get(w).copied().unwrap_or(0.0));
-                            ops.p2m_batch(&y, &q, m);
-                        }
+                        p2m_leaf(ops, tree, cell, m);
                     } else {
                         for ch in cell.children() {
                             let c = &tree.cells[ch as usize];
-                            let t = [
-                                c.centre[0] - cell.centre[0],
-                                c.centre[1] - cell.centre[1],
-                                c.centre[2] - cell.centre[2],
-                            ];
                             let off = (ch as usize - hi) * len;
-                            expansion::m2m(p, t, &below[off..off + len], m, scratch);
+                            m2m_child(p, cell, c, &below[off..off + len], m, scratch);
                         }
                     }
                 },
