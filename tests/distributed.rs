@@ -146,6 +146,25 @@ fn forces_on_k_ranks_match_one_rank() {
 }
 
 #[test]
+fn the_f64_near_field_travels_in_f64_and_keeps_its_accuracy() {
+    let p = ids_from_one(Workload::DiskInHalo.particles(12_000, 5));
+    let s = FmmSettings {
+        near_field: NearFieldPrecision::Double,
+        ..settings(Workload::DiskInHalo.g(), 0.1)
+    };
+    let idx: Vec<usize> = (0..p.len()).collect();
+    let (one, _) = distributed(&p, 1, &s, 1);
+    let base = errors(&p, &one, &s, &idx);
+    let (acc, stats) = distributed(&p, 3, &s, 1);
+    let e = errors(&p, &acc, &s, &idx);
+    assert!(stats.iter().all(|r| r.let_particles > 0));
+    assert!(
+        e.agg_l2 <= 1.2 * base.agg_l2 && e.p99 <= 1.2 * base.p99,
+        "{e:?} vs {base:?}"
+    );
+}
+
+#[test]
 fn a_rank_with_bad_input_stops_every_rank_at_once() {
     let p = ids_from_one(Workload::Plummer.particles(8_000, 2));
     let s = settings(1.0, 0.01);

@@ -364,3 +364,60 @@ pub fn import(packet: &LetPacket, len: usize) -> RemoteTree {
         mass: particles.iter().map(|q| q[3]).collect(),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn packet() -> LetPacket {
+        let leaf = |centre: [f64; 3], begin: u32, end: u32| LetCell {
+            centre,
+            r_max: 0.5,
+            mass: 1.0,
+            begin,
+            end,
+            flags: TREE_LEAF,
+            ..LetCell::zeroed()
+        };
+        LetPacket {
+            cells: vec![
+                LetCell {
+                    first_child: 1,
+                    child_count: 2,
+                    ..LetCell::zeroed()
+                },
+                leaf([1.0, 2.0, 3.0], 0, 3),
+                leaf([-4.0, 0.5, 0.0], 3, 5),
+            ],
+            multipoles: vec![0.25, -1.5, 3.0],
+            particles: vec![
+                [1.1, 2.2, 3.3, 0.125],
+                [0.9, 1.8, 2.7, 0.125],
+                [1.0, 2.0, 3.05, 0.125],
+                [-4.1, 0.5, 0.1, 0.3],
+                [-3.9, 0.4, -0.1, 0.7],
+            ],
+        }
+    }
+
+    #[test]
+    fn packets_round_trip_exactly_in_double_and_closely_in_single() {
+        let p = packet();
+        let d = LetPacket::decode(&p.encode(WirePrecision::Double), WirePrecision::Double).unwrap();
+        assert_eq!(d.particles, p.particles);
+        assert_eq!(d.multipoles, p.multipoles);
+        assert_eq!(d.cells[1].flags, TREE_LEAF | UNIFORM_MASS);
+        assert_eq!(d.cells[2].flags, TREE_LEAF);
+        let single = p.encode(WirePrecision::Single);
+        // 3 cells, 3 f32 multipole values, 5 f32 positions, masses: 1 (uniform leaf) + 2.
+        assert_eq!(single.len(), HEADER + 3 * 64 + 3 * 4 + 5 * 12 + 3 * 8);
+        let s = LetPacket::decode(&single, WirePrecision::Single).unwrap();
+        for (a, b) in s.particles.iter().zip(&p.particles) {
+            assert_eq!(a[3], b[3], "masses travel exactly");
+            for k in 0..3 {
+                assert!((a[k] - b[k]).abs() < 1e-6, "{a:?} vs {b:?}");
+            }
+        }
+        assert!(LetPacket::decode(&single[..single.len() - 1], WirePrecision::Single).is_err());
+    }
+}
