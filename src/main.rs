@@ -3,5 +3,12 @@
 mod cli;
 
 fn main() -> std::process::ExitCode {
+    // Output piped into a program that stops reading (`leapfmm info snap.hdf5 | head`) ends
+    // the process quietly, as for any Unix tool, instead of a panic on the failed write.
+    // SAFETY: called first thing in main, before any thread starts; SIG_DFL is a valid
+    // disposition for SIGPIPE.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     cli::main()
 }
