@@ -27,6 +27,16 @@ impl Component {
         Component::Generic,
     ];
 
+    /// Position in `ALL` (for per-component tables).
+    pub fn index(self) -> usize {
+        match self {
+            Component::Halo => 0,
+            Component::Disk => 1,
+            Component::Bulge => 2,
+            Component::Generic => 3,
+        }
+    }
+
     /// The GADGET particle type this component is written as.
     pub fn part_type(self) -> usize {
         match self {

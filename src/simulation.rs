@@ -19,14 +19,14 @@ use crate::distributed::driver::DistributedFmm;
 use crate::fmm::caps::{Caps, CapsPolicy};
 use crate::fmm::presets::PresetsStore;
 use crate::fmm::{FmmSettings, FmmSolver};
-use crate::gravity::{DirectSummation, GravityError, GravitySolver, SolverStat};
+use crate::gravity::{DirectSummation, GravityError, GravitySolver, Softening, SolverStat};
 use crate::ics;
 use crate::ics::Share;
 use crate::ics::sampling::{block_moments, centre_on};
 use crate::integrate::diagnostics::{
     CONSERVED_SUMS, Conserved, DiagnosticsLog, PhaseTimes, RankLog, Row,
 };
-use crate::integrate::leapfrog::{drift, kick, max_acceleration};
+use crate::integrate::leapfrog::{drift, kick, max_acceleration, max_acceleration_by_component};
 use crate::integrate::timestep::{Timeline, TimestepError, criterion_dt};
 use crate::io::checkpoint::{self, CheckpointError};
 use crate::io::snapshot::{
@@ -199,13 +199,30 @@ pub fn snapshot_file(run_dir: &Path, index: u32, rank: usize, ranks: usize) -> P
     }
 }
 
-/// The force solver a config asks for, on the rank `comm`.
+/// Softening lengths per component (`Component::index`) when the run's model gives
+/// components their own (`None` when one length serves every particle).
+pub fn component_softening(spec: &RunSpec) -> Option<[f64; 4]> {
+    match &spec.ics {
+        IcSource::Model { model, .. } => model.component_softening(spec.config.gravity.softening),
+        IcSource::File { .. } => None,
+    }
+}
+
+/// The force solver a config asks for, on the rank `comm`, with per-component softening
+/// lengths when `component_softening` is given.
 pub fn make_solver<C: Communicator + 'static>(
     config: &RunConfig,
+    component_softening: Option<[f64; 4]>,
     comm: C,
 ) -> Result<Box<dyn GravitySolver>, RunError> {
     let g = config.units.gravitational_constant();
     let gravity = &config.gravity;
+    // The far field's minimum separation follows the largest length any pair uses.
+    let softening = Softening {
+        epsilon: component_softening
+            .map_or(gravity.softening, |t| t.iter().fold(0.0, |a, &b| a.max(b))),
+        ..gravity.softening()
+    };
     Ok(match gravity.solver {
         SolverKind::Direct if comm.size() > 1 => {
             return Err(RunError::State(
@@ -213,13 +230,16 @@ pub fn make_solver<C: Communicator + 'static>(
                     .into(),
             ));
         }
-        SolverKind::Direct => Box::new(DirectSummation::new(g, gravity.softening())),
+        SolverKind::Direct => Box::new(
+            DirectSummation::new(g, gravity.softening())
+                .with_component_softening(component_softening),
+        ),
         SolverKind::Fmm => {
             let settings = FmmSettings {
                 order: gravity.order as usize,
                 theta: gravity.theta,
                 leaf_size: gravity.leaf_size as usize,
-                softening: gravity.softening(),
+                softening,
                 g,
                 near_field: gravity.near_field,
                 caps_policy: CapsPolicy {
@@ -231,11 +251,14 @@ pub fn make_solver<C: Communicator + 'static>(
                 .caps_presets
                 .clone()
                 .unwrap_or_else(|| config.output_dir.join("caps_presets.json"));
-            Box::new(DistributedFmm::new(
-                comm,
-                FmmSolver::new(settings, None),
-                Some(PresetsStore::new(presets)),
-            ))
+            Box::new(
+                DistributedFmm::new(
+                    comm,
+                    FmmSolver::new(settings, None),
+                    Some(PresetsStore::new(presets)),
+                )
+                .with_component_softening(component_softening),
+            )
         }
     })
 }
@@ -299,7 +322,7 @@ pub fn run(spec: &RunSpec, options: RunOptions) -> Result<RunOutcome, RunError> 
     let signals = SignalGuard::install()?;
     let threads = (rayon::current_num_threads() / ranks).max(1);
     let outcomes = run_thread_ranks(ranks, threads, RANK_TIMEOUT, |comm| {
-        let solver = make_solver(&spec.config, comm.clone())?;
+        let solver = make_solver(&spec.config, component_softening(spec), comm.clone())?;
         run_rank(spec, options, comm, solver, &signals)
     })
     .map_err(|(rank, reason)| RunError::Rank {
@@ -321,7 +344,7 @@ pub fn run_with<C: Communicator + Clone + 'static>(
     comm: C,
 ) -> Result<RunOutcome, RunError> {
     let signals = SignalGuard::install()?;
-    let solver = make_solver(&spec.config, comm.clone())?;
+    let solver = make_solver(&spec.config, component_softening(spec), comm.clone())?;
     run_rank(spec, options, &comm, solver, &signals)
 }
 
@@ -638,6 +661,12 @@ impl<'a> Simulation<'a> {
         let start = Instant::now();
         let wanted = if integ.fixed_step {
             f64::INFINITY
+        } else if let Some(table) = component_softening(self.spec) {
+            // Each component's fastest particle against its own softening length.
+            let a_max = allreduce_max(self.comm, &max_acceleration_by_component(&self.particles))?;
+            (0..4)
+                .map(|c| criterion_dt(integ.eta, table[c], a_max[c]))
+                .fold(f64::INFINITY, f64::min)
         } else {
             let a_max = allreduce_max(self.comm, &[max_acceleration(&self.particles)])?[0];
             criterion_dt(integ.eta, self.spec.config.gravity.softening, a_max)

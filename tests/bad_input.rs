@@ -178,6 +178,16 @@ fn a_bad_model_file_is_named() {
         1,
         &["sphere.mass"],
     );
+    let disk = std::fs::read_to_string(repo("ics/small_disk.toml"))
+        .unwrap()
+        .replace("toomre_q = 2.0", "toomre_q = 2.0\nsoftening = 0.0");
+    let model = write(d, "disk.toml", &disk);
+    assert_rejected(
+        d,
+        &["ics", model.to_str().unwrap(), "--n", "10", "-o", "x.hdf5"],
+        1,
+        &["disk.toml", "disk.softening", "0"],
+    );
 }
 
 #[test]

@@ -58,6 +58,8 @@ pub struct DistributedFmm<C: Communicator> {
     caps_known: bool,
     saved_caps: Option<Caps>,
     warnings: Vec<String>,
+    /// Softening length per component (`Component::index`), when they differ.
+    component_softening: Option<[f64; 4]>,
 }
 
 impl<C: Communicator> std::fmt::Debug for DistributedFmm<C> {
@@ -185,7 +187,16 @@ impl<C: Communicator> DistributedFmm<C> {
             caps_known: false,
             saved_caps: None,
             warnings: Vec::new(),
+            component_softening: None,
         }
+    }
+
+    /// Gives every component its own softening length (indexed by `Component::index`; a
+    /// pair uses the larger of its two). The solver's `softening.epsilon` must be the
+    /// largest of them.
+    pub fn with_component_softening(mut self, table: Option<[f64; 4]>) -> Self {
+        self.component_softening = table;
+        self
     }
 
     /// The communicator.
@@ -223,6 +234,13 @@ impl<C: Communicator> DistributedFmm<C> {
         particles.acc.resize(n, [0.0; 3]);
         particles.pot.resize(n, 0.0);
         let settings = self.solver.settings().clone();
+        let eps: Option<Vec<f64>> = self.component_softening.map(|table| {
+            particles
+                .component
+                .iter()
+                .map(|c| table[c.index()])
+                .collect()
+        });
         let mut exchange = Exchange {
             comm,
             settings: &settings,
@@ -232,6 +250,7 @@ impl<C: Communicator> DistributedFmm<C> {
             &particles.pos,
             &particles.mass,
             &particles.id,
+            eps.as_deref(),
             Some(cube),
             Some(&mut exchange),
             &mut particles.acc,

@@ -73,6 +73,8 @@ const TREE_LEAF: u32 = 1;
 const HAS_MULTIPOLE: u32 = 2;
 /// `LetCell::flags` bit: the cell's particles share one mass, sent once.
 const UNIFORM_MASS: u32 = 4;
+/// `LetCell::flags` bit: the cell's particles share one softening length, sent once.
+const UNIFORM_EPS: u32 = 8;
 
 /// One cell of a locally essential tree on the wire.
 #[repr(C)]
@@ -92,7 +94,7 @@ pub struct LetCell {
     pub begin: u32,
     /// End of the particle range.
     pub end: u32,
-    /// `TREE_LEAF` | `HAS_MULTIPOLE` | `UNIFORM_MASS`.
+    /// `TREE_LEAF` | `HAS_MULTIPOLE` | `UNIFORM_MASS` | `UNIFORM_EPS`.
     pub flags: u32,
     /// Padding (Pod layout).
     pub pad: u32,
@@ -107,6 +109,8 @@ pub struct LetPacket {
     pub multipoles: Vec<f64>,
     /// Particles of the leaves sent with particles: x, y, z, m.
     pub particles: Vec<[f64; 4]>,
+    /// Their softening lengths, when these differ between particles (else empty).
+    pub eps: Vec<f64>,
 }
 
 /// What the receiver's walk needs of one own cell.
@@ -171,6 +175,10 @@ pub fn export(
                 let x = tree.pos[i];
                 out.particles.push([x[0], x[1], x[2], tree.mass[i]]);
             }
+            if !tree.eps.is_empty() {
+                out.eps
+                    .extend_from_slice(&tree.eps[cell.begin as usize..cell.end as usize]);
+            }
             entry.end = out.particles.len() as u32;
         }
         if n & NEED_CHILDREN != 0 {
@@ -200,36 +208,61 @@ pub enum WirePrecision {
 }
 
 /// Bytes of the count header of an encoded packet.
-const HEADER: usize = 4 * 8;
+const HEADER: usize = 5 * 8;
 
-/// The masses of a packet's particles, in cell order: one value for a leaf whose particles
-/// all have the same mass (flagged `UNIFORM_MASS`), else one per particle.
-fn mass_stream(cells: &mut [LetCell], particles: &[[f64; 4]]) -> Vec<f64> {
+/// A per-particle quantity of a packet's particles, in cell order: one value for a leaf
+/// whose particles all share it (flagged `flag`), else one per particle.
+fn leaf_stream(cells: &mut [LetCell], values: &[f64], flag: u32) -> Vec<f64> {
     let mut out = Vec::new();
     for c in cells.iter_mut().filter(|c| c.end > c.begin) {
-        let part = &particles[c.begin as usize..c.end as usize];
-        if part.iter().all(|q| q[3].to_bits() == part[0][3].to_bits()) {
-            c.flags |= UNIFORM_MASS;
-            out.push(part[0][3]);
+        let part = &values[c.begin as usize..c.end as usize];
+        if part.iter().all(|v| v.to_bits() == part[0].to_bits()) {
+            c.flags |= flag;
+            out.push(part[0]);
         } else {
-            out.extend(part.iter().map(|q| q[3]));
+            out.extend_from_slice(part);
         }
     }
     out
 }
 
+/// The inverse of `leaf_stream`: the per-particle values of `np` particles.
+fn unstream(cells: &[LetCell], stream: &[f64], flag: u32, np: usize) -> Option<Vec<f64>> {
+    let mut out = vec![0.0; np];
+    let mut next = stream.iter();
+    for c in cells.iter().filter(|c| c.end > c.begin) {
+        let part = out.get_mut(c.begin as usize..c.end as usize)?;
+        if c.flags & flag != 0 {
+            part.fill(*next.next()?);
+        } else {
+            for v in part {
+                *v = *next.next()?;
+            }
+        }
+    }
+    Some(out)
+}
+
 impl LetPacket {
-    /// The packet as bytes: four u64 counts (cells, multipole values, particles, mass
-    /// values), the cells, the multipoles, the positions, the masses.
+    /// The packet as bytes: five u64 counts (cells, multipole values, particles, mass
+    /// values, softening values), the cells, the multipoles, the positions, the masses, the
+    /// softening lengths.
     pub fn encode(&self, precision: WirePrecision) -> Vec<u8> {
         let mut cells = self.cells.clone();
-        let masses = mass_stream(&mut cells, &self.particles);
+        let m: Vec<f64> = self.particles.iter().map(|q| q[3]).collect();
+        let masses = leaf_stream(&mut cells, &m, UNIFORM_MASS);
+        let eps = if self.eps.is_empty() {
+            Vec::new()
+        } else {
+            leaf_stream(&mut cells, &self.eps, UNIFORM_EPS)
+        };
         let mut out = Vec::new();
         for count in [
             cells.len(),
             self.multipoles.len(),
             self.particles.len(),
             masses.len(),
+            eps.len(),
         ] {
             out.extend_from_slice(&(count as u64).to_le_bytes());
         }
@@ -254,6 +287,7 @@ impl LetPacket {
             }
         }
         out.extend_from_slice(bytemuck::cast_slice(&masses));
+        out.extend_from_slice(bytemuck::cast_slice(&eps));
         out
     }
 
@@ -266,13 +300,13 @@ impl LetPacket {
             a.copy_from_slice(b);
             Ok(u64::from_le_bytes(a) as usize)
         };
-        let (nc, nm, np, nq) = (count(0)?, count(1)?, count(2)?, count(3)?);
+        let (nc, nm, np, nq, ne) = (count(0)?, count(1)?, count(2)?, count(3)?, count(4)?);
         let (value, position) = match precision {
             WirePrecision::Single => (4, 12),
             WirePrecision::Double => (8, 24),
         };
         let cell_bytes = nc * std::mem::size_of::<LetCell>();
-        if bytes.len() != HEADER + cell_bytes + nm * value + np * position + nq * 8 {
+        if bytes.len() != HEADER + cell_bytes + nm * value + np * position + (nq + ne) * 8 {
             return Err(bad());
         }
         let mut at = HEADER;
@@ -297,35 +331,30 @@ impl LetPacket {
             }
         };
         let masses: Vec<f64> = bytemuck::pod_collect_to_vec(take(nq * 8));
+        let eps_stream: Vec<f64> = bytemuck::pod_collect_to_vec(take(ne * 8));
+        let masses = unstream(&cells, &masses, UNIFORM_MASS, np).ok_or_else(bad)?;
+        let eps = if ne == 0 {
+            Vec::new()
+        } else {
+            unstream(&cells, &eps_stream, UNIFORM_EPS, np).ok_or_else(bad)?
+        };
         let mut particles = vec![[0.0; 4]; np];
-        let mut next_mass = masses.iter();
         for c in cells.iter().filter(|c| c.end > c.begin) {
             let range = c.begin as usize..c.end as usize;
-            let (part, xs) = (
-                particles.get_mut(range.clone()).ok_or_else(bad)?,
-                positions.get(range).ok_or_else(bad)?,
-            );
-            let uniform = if c.flags & UNIFORM_MASS != 0 {
-                Some(*next_mass.next().ok_or_else(bad)?)
-            } else {
-                None
-            };
-            for (q, x) in part.iter_mut().zip(xs) {
-                let m = match uniform {
-                    Some(m) => m,
-                    None => *next_mass.next().ok_or_else(bad)?,
-                };
+            let xs = positions.get(range.clone()).ok_or_else(bad)?;
+            for (i, x) in range.zip(xs) {
                 let x = match precision {
                     WirePrecision::Single => std::array::from_fn(|k| x[k] + c.centre[k]),
                     WirePrecision::Double => *x,
                 };
-                *q = [x[0], x[1], x[2], m];
+                particles[i] = [x[0], x[1], x[2], masses[i]];
             }
         }
         Ok(LetPacket {
             cells,
             multipoles,
             particles,
+            eps,
         })
     }
 }
@@ -362,6 +391,7 @@ pub fn import(packet: &LetPacket, len: usize) -> RemoteTree {
         multipoles: expanded,
         pos: particles.iter().map(|q| [q[0], q[1], q[2]]).collect(),
         mass: particles.iter().map(|q| q[3]).collect(),
+        eps: packet.eps.clone(),
     }
 }
 
@@ -397,6 +427,7 @@ mod tests {
                 [-4.1, 0.5, 0.1, 0.3],
                 [-3.9, 0.4, -0.1, 0.7],
             ],
+            eps: Vec::new(),
         }
     }
 
@@ -411,6 +442,11 @@ mod tests {
         let single = p.encode(WirePrecision::Single);
         // 3 cells, 3 f32 multipole values, 5 f32 positions, masses: 1 (uniform leaf) + 2.
         assert_eq!(single.len(), HEADER + 3 * 64 + 3 * 4 + 5 * 12 + 3 * 8);
+        let mut varied = p.clone();
+        varied.eps = vec![0.1, 0.1, 0.1, 0.2, 0.05];
+        let v = LetPacket::decode(&varied.encode(WirePrecision::Single), WirePrecision::Single)
+            .unwrap();
+        assert_eq!(v.eps, varied.eps);
         let s = LetPacket::decode(&single, WirePrecision::Single).unwrap();
         for (a, b) in s.particles.iter().zip(&p.particles) {
             assert_eq!(a[3], b[3], "masses travel exactly");

@@ -35,6 +35,9 @@ pub struct NearField {
     g: f64,
     single: (KernelFn<f32, LANES_F32, TARGET_BLOCK>, PairParams<f32>),
     double: (KernelFn<f64, LANES_F64, TARGET_BLOCK>, PairParams<f64>),
+    /// The same kernel with per-particle softening lengths (trees with `eps`).
+    single_per_particle: PairParams<f32>,
+    double_per_particle: PairParams<f64>,
 }
 
 impl NearField {
@@ -45,6 +48,8 @@ impl NearField {
             g,
             single: (select_f32().0, PairParams::new(softening)),
             double: (select_f64().0, PairParams::new(softening)),
+            single_per_particle: PairParams::per_particle(softening),
+            double_per_particle: PairParams::per_particle(softening),
         }
     }
 
@@ -58,27 +63,44 @@ impl NearField {
         acc: &mut [[f64; 3]],
         pot: &mut [f64],
     ) {
+        let per_particle = !tree.eps.is_empty();
         match self.precision {
-            NearFieldPrecision::Mixed => stage_and_sum(
-                tree,
-                target,
-                sources,
-                &mut scratch.single,
-                self.single,
-                self.g,
-                acc,
-                pot,
-            ),
-            NearFieldPrecision::Double => stage_and_sum(
-                tree,
-                target,
-                sources,
-                &mut scratch.double,
-                self.double,
-                self.g,
-                acc,
-                pot,
-            ),
+            NearFieldPrecision::Mixed => {
+                let (kernel, uniform) = self.single;
+                let params = if per_particle {
+                    self.single_per_particle
+                } else {
+                    uniform
+                };
+                stage_and_sum(
+                    tree,
+                    target,
+                    sources,
+                    &mut scratch.single,
+                    (kernel, params),
+                    self.g,
+                    acc,
+                    pot,
+                )
+            }
+            NearFieldPrecision::Double => {
+                let (kernel, uniform) = self.double;
+                let params = if per_particle {
+                    self.double_per_particle
+                } else {
+                    uniform
+                };
+                stage_and_sum(
+                    tree,
+                    target,
+                    sources,
+                    &mut scratch.double,
+                    (kernel, params),
+                    self.g,
+                    acc,
+                    pot,
+                )
+            }
         }
     }
 }
@@ -101,8 +123,20 @@ fn stage_and_sum<T: Real, const L: usize>(
     for s in sources {
         let c = tree.cells[s as usize];
         let range = c.begin as usize..c.end as usize;
-        staged.push(&tree.pos[range.clone()], &tree.mass[range], origin);
+        let eps = params.is_per_particle().then(|| &tree.eps[range.clone()]);
+        staged.push(&tree.pos[range.clone()], &tree.mass[range], eps, origin);
     }
-    let targets = &tree.pos[cell.begin as usize..cell.end as usize];
-    evaluate_targets(kernel, staged, targets, origin, params, g, acc, pot);
+    let range = cell.begin as usize..cell.end as usize;
+    let target_eps = params.is_per_particle().then(|| &tree.eps[range.clone()]);
+    evaluate_targets(
+        kernel,
+        staged,
+        &tree.pos[range],
+        target_eps,
+        origin,
+        params,
+        g,
+        acc,
+        pot,
+    );
 }

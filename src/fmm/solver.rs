@@ -153,6 +153,8 @@ pub struct RemoteTree {
     pub pos: Vec<[f64; 3]>,
     /// Their masses.
     pub mass: Vec<f64>,
+    /// Their softening lengths (empty when one length serves all).
+    pub eps: Vec<f64>,
 }
 
 /// Supplies the other ranks' locally essential trees once the local tree and its multipoles
@@ -318,18 +320,21 @@ impl FmmSolver {
         acc: &mut [[f64; 3]],
         pot: &mut [f64],
     ) -> Result<FmmStats, GravityError> {
-        self.evaluate_with(pos, mass, id, None, None, acc, pot)
+        self.evaluate_with(pos, mass, id, None, None, None, acc, pot)
     }
 
     /// `evaluate` for the particles of one rank of a distributed run: keys in the global
     /// `cube`, and the other ranks' particles brought in by `remote` (their locally
-    /// essential trees) after the local upward pass.
+    /// essential trees) after the local upward pass. With `eps`, every particle has its own
+    /// softening length and a pair uses the larger of its two; `settings.softening.epsilon`
+    /// must then be the largest of them (it sets the far pairs' minimum separation).
     #[allow(clippy::too_many_arguments)]
     pub fn evaluate_with(
         &mut self,
         pos: &[[f64; 3]],
         mass: &[f64],
         id: &[u64],
+        eps: Option<&[f64]>,
         cube: Option<BoundingCube>,
         remote: Option<&mut dyn RemoteSource>,
         acc: &mut [[f64; 3]],
@@ -366,6 +371,11 @@ impl FmmSolver {
                 }
             }
         }
+        self.tree.eps.clear();
+        if let Some(eps) = eps {
+            let order = &self.tree.order;
+            self.tree.eps.extend(order.iter().map(|&i| eps[i as usize]));
+        }
         let t0 = Instant::now();
         if n > 0 {
             self.tree.compute_moments();
@@ -386,7 +396,7 @@ impl FmmSolver {
                 if r.cells.is_empty() {
                     continue;
                 }
-                let root = self.tree.append_remote(&r.cells, &r.pos, &r.mass);
+                let root = self.tree.append_remote(&r.cells, &r.pos, &r.mass, &r.eps);
                 self.multipoles.extend_from_slice(&r.multipoles);
                 self.rebuild_remote_multipoles(root as usize, r.cells.len(), len);
                 remote_roots.push(root);

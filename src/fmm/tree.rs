@@ -74,6 +74,9 @@ pub struct Tree {
     pub pos: Vec<[f64; 3]>,
     /// Masses in sorted order.
     pub mass: Vec<f64>,
+    /// Softening lengths in sorted order, when they differ between particles (empty when
+    /// one length serves all).
+    pub eps: Vec<f64>,
     /// Morton keys of the particles, in sorted order.
     pub keys: Vec<u64>,
     /// The cube the keys refer to.
@@ -217,7 +220,14 @@ impl Tree {
     /// Appends cells received from another rank (children and particle ranges relative to
     /// the appended slices) with their particles; returns the index of the first appended
     /// cell. Appended cells are sources only: they take no part in the level passes.
-    pub fn append_remote(&mut self, cells: &[Cell], pos: &[[f64; 3]], mass: &[f64]) -> u32 {
+    pub fn append_remote(
+        &mut self,
+        cells: &[Cell],
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        eps: &[f64],
+    ) -> u32 {
+        self.eps.extend_from_slice(eps);
         let (cell_base, particle_base) = (self.cells.len() as u32, self.pos.len() as u32);
         self.cells.extend(cells.iter().map(|c| Cell {
             begin: c.begin + particle_base,

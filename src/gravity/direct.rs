@@ -26,7 +26,14 @@ impl SourceSet {
     /// Stages the sources at `pos` with `mass`.
     pub fn new(pos: &[[f64; 3]], mass: &[f64]) -> Self {
         let mut staged = Staged::default();
-        staged.push(pos, mass, [0.0; 3]);
+        staged.push(pos, mass, None, [0.0; 3]);
+        SourceSet { staged }
+    }
+
+    /// Stages the sources at `pos` with `mass` and their own softening lengths `eps`.
+    pub fn with_softening(pos: &[[f64; 3]], mass: &[f64], eps: &[f64]) -> Self {
+        let mut staged = Staged::default();
+        staged.push(pos, mass, Some(eps), [0.0; 3]);
         SourceSet { staged }
     }
 }
@@ -36,8 +43,11 @@ impl SourceSet {
 pub struct DirectSummation {
     g: f64,
     params: PairParams<f64>,
+    per_particle: PairParams<f64>,
     kernel: KernelFn<f64, LANES_F64, TARGET_BLOCK>,
     isa: &'static str,
+    /// Softening length per component (`Component::index`), when they differ.
+    component_softening: Option<[f64; 4]>,
 }
 
 impl DirectSummation {
@@ -47,9 +57,18 @@ impl DirectSummation {
         DirectSummation {
             g,
             params: PairParams::new(softening),
+            per_particle: PairParams::per_particle(softening),
             kernel,
             isa,
+            component_softening: None,
         }
+    }
+
+    /// Gives every component its own softening length (indexed by `Component::index`); a
+    /// pair uses the larger of its two.
+    pub fn with_component_softening(mut self, table: Option<[f64; 4]>) -> Self {
+        self.component_softening = table;
+        self
     }
 
     /// The instruction set the kernel was specialised for ("avx512", "avx2" or "portable").
@@ -66,17 +85,37 @@ impl DirectSummation {
         acc: &mut [[f64; 3]],
         pot: &mut [f64],
     ) {
-        let (g, params, kernel) = (self.g, self.params, self.kernel);
+        self.evaluate_softened(sources, targets, None, acc, pot);
+    }
+
+    /// `evaluate` with per-particle softening lengths: the sources' (from
+    /// `SourceSet::with_softening`) and the targets' `target_eps`.
+    pub fn evaluate_softened(
+        &self,
+        sources: &SourceSet,
+        targets: &[[f64; 3]],
+        target_eps: Option<&[f64]>,
+        acc: &mut [[f64; 3]],
+        pot: &mut [f64],
+    ) {
+        let params = if target_eps.is_some() {
+            self.per_particle
+        } else {
+            self.params
+        };
+        let (g, kernel) = (self.g, self.kernel);
         acc.par_chunks_mut(TASK_TARGETS)
             .zip(pot.par_chunks_mut(TASK_TARGETS))
-            .zip(targets.par_chunks(TASK_TARGETS))
-            .for_each(|((acc, pot), targets)| {
+            .enumerate()
+            .for_each(|(task, (acc, pot))| {
                 acc.iter_mut().for_each(|a| *a = [0.0; 3]);
                 pot.iter_mut().for_each(|p| *p = 0.0);
+                let range = task * TASK_TARGETS..task * TASK_TARGETS + acc.len();
                 evaluate_targets(
                     kernel,
                     &sources.staged,
-                    targets,
+                    &targets[range.clone()],
+                    target_eps.map(|e| &e[range]),
                     [0.0; 3],
                     params,
                     g,
@@ -95,13 +134,32 @@ impl GravitySolver for DirectSummation {
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
         check_finite(particles)?;
         let start = Instant::now();
-        let sources = SourceSet::new(&particles.pos, &particles.mass);
-        self.evaluate(
-            &sources,
-            &particles.pos,
-            &mut particles.acc,
-            &mut particles.pot,
-        );
+        match self.component_softening {
+            None => {
+                let sources = SourceSet::new(&particles.pos, &particles.mass);
+                self.evaluate(
+                    &sources,
+                    &particles.pos,
+                    &mut particles.acc,
+                    &mut particles.pot,
+                );
+            }
+            Some(table) => {
+                let eps: Vec<f64> = particles
+                    .component
+                    .iter()
+                    .map(|c| table[c.index()])
+                    .collect();
+                let sources = SourceSet::with_softening(&particles.pos, &particles.mass, &eps);
+                self.evaluate_softened(
+                    &sources,
+                    &particles.pos,
+                    Some(&eps),
+                    &mut particles.acc,
+                    &mut particles.pot,
+                );
+            }
+        }
         let n = particles.len() as u64;
         Ok(ForceReport {
             pair_interactions: n * n.saturating_sub(1),
@@ -197,15 +255,21 @@ mod tests {
             epsilon: 0.01,
         });
         let mut src64 = Staged::<f64, 8>::default();
-        src64.push(&pos[..20], &mass[..20], [0.1; 3]);
-        src64.push(&pos[20..], &mass[20..], [0.1; 3]);
+        src64.push(&pos[..20], &mass[..20], None, [0.1; 3]);
+        src64.push(&pos[20..], &mass[20..], None, [0.1; 3]);
         let t64 = [[0.3, 0.2, 0.1], [0.0; 3], [0.5, 0.5, 0.5], [0.9, 0.1, 0.4]];
         let (best, _) = select_f64();
         // SAFETY: the portable body runs anywhere; `best` was checked by its selector.
-        let (a, b) = unsafe { (block_sums(&src64, &t64, params), best(&src64, &t64, params)) };
+        let e = [0.0; 4];
+        let (a, b) = unsafe {
+            (
+                block_sums(&src64, &t64, &e, params),
+                best(&src64, &t64, &e, params),
+            )
+        };
         assert_eq!(format!("{a:?}"), format!("{b:?}"));
         let mut src32 = Staged::<f32, 16>::default();
-        src32.push(&pos, &mass, [0.1; 3]);
+        src32.push(&pos, &mass, None, [0.1; 3]);
         let t32 = [
             [0.3f32, 0.2, 0.1],
             [0.0; 3],
@@ -214,7 +278,69 @@ mod tests {
         ];
         let p32 = PairParams::new(Softening::newtonian());
         let (best32, _) = select_f32();
-        let (c, d) = unsafe { (block_sums(&src32, &t32, p32), best32(&src32, &t32, p32)) };
+        let e32 = [0.0f32; 4];
+        let (c, d) = unsafe {
+            (
+                block_sums(&src32, &t32, &e32, p32),
+                best32(&src32, &t32, &e32, p32),
+            )
+        };
         assert_eq!(format!("{c:?}"), format!("{d:?}"));
+        // Per-particle lengths, every instruction set alike.
+        let eps: Vec<f64> = (0..53).map(|i| 0.005 + 0.001 * (i % 7) as f64).collect();
+        let mut soft64 = Staged::<f64, 8>::default();
+        soft64.push(&pos, &mass, Some(&eps), [0.1; 3]);
+        let pp = PairParams::per_particle(Softening {
+            kernel: SofteningKernel::Spline,
+            epsilon: 0.011,
+        });
+        let te = [0.02, 0.0, 0.005, 0.01];
+        let (f, g) = unsafe {
+            (
+                block_sums(&soft64, &t64, &te, pp),
+                best(&soft64, &t64, &te, pp),
+            )
+        };
+        assert_eq!(format!("{f:?}"), format!("{g:?}"));
+    }
+
+    #[test]
+    fn per_particle_softening_uses_the_larger_length_of_a_pair() {
+        use crate::particles::{Component, Particles};
+        for kernel in [SofteningKernel::Spline, SofteningKernel::Plummer] {
+            let mut p = Particles::default();
+            p.push([0.0, 0.0, 0.0], [0.0; 3], 2.0, 1, Component::Halo);
+            p.push([0.03, 0.01, 0.0], [0.0; 3], 0.5, 2, Component::Disk);
+            p.push([0.5, -0.2, 0.1], [0.0; 3], 1.0, 3, Component::Disk);
+            let table = [0.05, 0.01, 0.0, 0.0];
+            let soft = |epsilon| Softening { kernel, epsilon };
+            let mut solver =
+                DirectSummation::new(1.0, soft(0.05)).with_component_softening(Some(table));
+            solver.compute(&mut p).unwrap();
+            // Reference: each pair with the larger of its two lengths.
+            let eps: [f64; 3] = [0.05, 0.01, 0.01];
+            for i in 0..3 {
+                let mut a = [0.0; 3];
+                for j in (0..3).filter(|&j| j != i) {
+                    let d: [f64; 3] = std::array::from_fn(|k| p.pos[j][k] - p.pos[i][k]);
+                    let r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+                    let (f, _) = soft(eps[i].max(eps[j])).factors(r2);
+                    for k in 0..3 {
+                        a[k] += p.mass[j] * f * d[k];
+                    }
+                }
+                for k in 0..3 {
+                    assert!(
+                        (p.acc[i][k] - a[k]).abs() <= 1e-12 * a[k].abs().max(1.0),
+                        "{kernel:?} {i}"
+                    );
+                }
+            }
+            // The pair rule is symmetric, so momentum is kept.
+            let total: Vec<f64> = (0..3)
+                .map(|k| (0..3).map(|i| p.mass[i] * p.acc[i][k]).sum::<f64>())
+                .collect();
+            assert!(total.iter().all(|t| t.abs() < 1e-9), "{total:?}");
+        }
     }
 }

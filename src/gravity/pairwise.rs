@@ -23,6 +23,10 @@ pub struct Staged<T, const L: usize> {
     y: Vec<[T; L]>,
     z: Vec<[T; L]>,
     m: Vec<[T; L]>,
+    /// Per-source softening lengths (used by `PairParams::per_particle` calls only).
+    e: Vec<[T; L]>,
+    /// The largest softening length of each chunk.
+    e_max: Vec<T>,
     /// Sources in the last chunk.
     tail: usize,
 }
@@ -34,17 +38,22 @@ impl<T: Real, const L: usize> Staged<T, L> {
         self.y.clear();
         self.z.clear();
         self.m.clear();
+        self.e.clear();
+        self.e_max.clear();
         self.tail = 0;
     }
 
-    /// Appends the sources at `pos` with `mass`, relative to `origin`.
-    pub fn push(&mut self, pos: &[[f64; 3]], mass: &[f64], origin: [f64; 3]) {
-        for (p, &m) in pos.iter().zip(mass) {
+    /// Appends the sources at `pos` with `mass` (and softening lengths `eps`, when they
+    /// differ between particles), relative to `origin`.
+    pub fn push(&mut self, pos: &[[f64; 3]], mass: &[f64], eps: Option<&[f64]>, origin: [f64; 3]) {
+        for (i, (p, &m)) in pos.iter().zip(mass).enumerate() {
             if self.tail == 0 || self.tail == L {
                 self.x.push([T::ZERO; L]);
                 self.y.push([T::ZERO; L]);
                 self.z.push([T::ZERO; L]);
                 self.m.push([T::ZERO; L]);
+                self.e.push([T::ZERO; L]);
+                self.e_max.push(T::ZERO);
                 self.tail = 0;
             }
             let (c, l) = (self.x.len() - 1, self.tail);
@@ -52,6 +61,13 @@ impl<T: Real, const L: usize> Staged<T, L> {
             self.y[c][l] = T::lit(p[1] - origin[1]);
             self.z[c][l] = T::lit(p[2] - origin[2]);
             self.m[c][l] = T::lit(m);
+            if let Some(eps) = eps {
+                let e = T::lit(eps[i]);
+                self.e[c][l] = e;
+                if e > self.e_max[c] {
+                    self.e_max[c] = e;
+                }
+            }
             self.tail += 1;
         }
     }
@@ -63,16 +79,33 @@ pub struct PairParams<T> {
     kernel: SofteningKernel,
     eps2: T,
     spline_h: T,
+    /// Softening lengths per particle (the staged sources' and the targets'); a pair is
+    /// softened with the larger of its two (GADGET's rule, symmetric, so momentum is kept).
+    per_particle: bool,
 }
 
 impl<T: Real> PairParams<T> {
-    /// Parameters for `softening`.
+    /// Parameters for `softening` (one length for every pair).
     pub fn new(softening: Softening) -> Self {
         PairParams {
             kernel: softening.kernel,
             eps2: T::lit(softening.epsilon * softening.epsilon),
             spline_h: T::lit(SPLINE_SUPPORT_PER_EPSILON * softening.epsilon),
+            per_particle: false,
         }
+    }
+
+    /// Parameters for `softening`'s kernel with per-particle lengths instead of its one.
+    pub fn per_particle(softening: Softening) -> Self {
+        PairParams {
+            per_particle: true,
+            ..Self::new(softening)
+        }
+    }
+
+    /// True when the lengths are per particle.
+    pub fn is_per_particle(&self) -> bool {
+        self.per_particle
     }
 }
 
@@ -80,40 +113,88 @@ impl<T: Real> PairParams<T> {
 /// (G-free; zero separations excluded).
 pub type BlockSums<const TB: usize> = [[f64; 4]; TB];
 
-/// The portable kernel body; inlined into each target-feature entry point.
+/// The portable kernel body; inlined into each target-feature entry point. `target_eps` are
+/// the targets' softening lengths (read only with per-particle parameters).
 #[inline(always)]
 pub fn block_sums<T: Real, const L: usize, const TB: usize>(
     src: &Staged<T, L>,
     targets: &[[T; 3]; TB],
+    target_eps: &[T; TB],
     params: PairParams<T>,
 ) -> BlockSums<TB> {
-    match params.kernel {
-        SofteningKernel::Plummer => {
+    let c = T::lit;
+    // Just above h², so a chunk judged Newtonian is one the spline treats as such.
+    let margin = c(1.0 + 1e-5);
+    let newton = |r2: T| {
+        let inv = T::ONE / r2.sqrt();
+        (inv * inv * inv, inv)
+    };
+    match (params.kernel, params.per_particle) {
+        (SofteningKernel::Plummer, false) => {
             let eps2 = params.eps2;
-            sums_with(src, targets, None, |r2| plummer_factors(r2, eps2))
+            sums_with::<T, L, TB, false>(
+                src,
+                targets,
+                target_eps,
+                |_| None,
+                |r2, _| plummer_factors(r2, eps2),
+            )
         }
-        SofteningKernel::Spline if params.spline_h > T::ZERO => {
+        (SofteningKernel::Spline, false) if params.spline_h > T::ZERO => {
             let h = params.spline_h;
-            // Just above h², so a chunk judged Newtonian is one the spline treats as such.
-            let newtonian_from = h * h * T::lit(1.0 + 1e-5);
-            sums_with(src, targets, Some(newtonian_from), |r2| {
-                spline_factors(r2, h)
-            })
+            let from = h * h * margin;
+            sums_with::<T, L, TB, false>(
+                src,
+                targets,
+                target_eps,
+                |_| Some(from),
+                |r2, _| spline_factors(r2, h),
+            )
         }
-        SofteningKernel::Spline => sums_with(src, targets, None, |r2| plummer_factors(r2, T::ZERO)),
+        (SofteningKernel::Spline, false) => {
+            sums_with::<T, L, TB, false>(src, targets, target_eps, |_| None, |r2, _| newton(r2))
+        }
+        (SofteningKernel::Plummer, true) => sums_with::<T, L, TB, true>(
+            src,
+            targets,
+            target_eps,
+            |_| None,
+            |r2, e| plummer_factors(r2, e * e),
+        ),
+        (SofteningKernel::Spline, true) => {
+            let support = c(SPLINE_SUPPORT_PER_EPSILON);
+            sums_with::<T, L, TB, true>(
+                src,
+                targets,
+                target_eps,
+                |e_max| Some(support * e_max * support * e_max * margin),
+                |r2, e| {
+                    let h = support * e;
+                    if h > T::ZERO {
+                        spline_factors(r2, h)
+                    } else {
+                        newton(r2)
+                    }
+                },
+            )
+        }
     }
 }
 
-/// The kernel loop. With `newtonian_from = Some(r2_min)`, a chunk whose every pair is at
-/// least that far apart skips the softened branch (the kernel is exactly Newtonian there,
-/// and the fast path computes the same expression, so the bits do not change).
+/// The kernel loop. `newtonian_from(e)` gives, for the largest pair softening `e` of a chunk
+/// and target, the squared separation beyond which every pair is exactly Newtonian: a chunk
+/// whose every pair is that far apart skips the softened branch (the fast path computes the
+/// same expression, so the bits do not change). `factors(r2, e)` are the kernel's factors
+/// for a pair softened with `e` (with `PER_PARTICLE` false, `e` is zero and unused).
 #[inline(always)]
-fn sums_with<T: Real, const L: usize, const TB: usize, K: Fn(T) -> (T, T)>(
+fn sums_with<T: Real, const L: usize, const TB: usize, const PER_PARTICLE: bool>(
     src: &Staged<T, L>,
     targets: &[[T; 3]; TB],
-    newtonian_from: Option<T>,
-    factors: K,
+    target_eps: &[T; TB],
+    newtonian_from: impl Fn(T) -> Option<T>,
+    factors: impl Fn(T, T) -> (T, T),
 ) -> BlockSums<TB> {
+    let max = |a: T, b: T| if a > b { a } else { b };
     let mut total = [[[0.0f64; L]; 4]; TB];
     let chunks = src.x.len();
     for first in (0..chunks).step_by(FLUSH_CHUNKS) {
@@ -133,7 +214,12 @@ fn sums_with<T: Real, const L: usize, const TB: usize, K: Fn(T) -> (T, T)>(
                     d[2][l] = zs[l] - tz;
                     d[3][l] = d[0][l] * d[0][l] + d[1][l] * d[1][l] + d[2][l] * d[2][l];
                 }
-                let newtonian = newtonian_from.is_some_and(|r2_min| {
+                let e_chunk = if PER_PARTICLE {
+                    max(target_eps[t], src.e_max[c])
+                } else {
+                    T::ZERO
+                };
+                let newtonian = newtonian_from(e_chunk).is_some_and(|r2_min| {
                     let mut all = true;
                     for l in 0..L {
                         all &= d[3][l] >= r2_min;
@@ -158,7 +244,12 @@ fn sums_with<T: Real, const L: usize, const TB: usize, K: Fn(T) -> (T, T)>(
                     }
                 } else {
                     for l in 0..L {
-                        let (mf, mp) = pair(l, factors(d[3][l]));
+                        let e = if PER_PARTICLE {
+                            max(target_eps[t], src.e[c][l])
+                        } else {
+                            T::ZERO
+                        };
+                        let (mf, mp) = pair(l, factors(d[3][l], e));
                         ax[t][l] += d[0][l] * mf;
                         ay[t][l] += d[1][l] * mf;
                         az[t][l] += d[2][l] * mf;
@@ -189,7 +280,7 @@ fn sums_with<T: Real, const L: usize, const TB: usize, K: Fn(T) -> (T, T)>(
 
 /// Signature of a kernel entry point.
 pub type KernelFn<T, const L: usize, const TB: usize> =
-    unsafe fn(&Staged<T, L>, &[[T; 3]; TB], PairParams<T>) -> BlockSums<TB>;
+    unsafe fn(&Staged<T, L>, &[[T; 3]; TB], &[T; TB], PairParams<T>) -> BlockSums<TB>;
 
 /// Defines the portable, AVX2 and AVX-512 entry points of one kernel instantiation and a
 /// selector that picks the widest the CPU supports.
@@ -202,9 +293,10 @@ macro_rules! kernel_entries {
             unsafe fn portable(
                 s: &Staged<$t, $l>,
                 t: &[[$t; 3]; $tb],
+                e: &[$t; $tb],
                 p: PairParams<$t>,
             ) -> BlockSums<$tb> {
-                block_sums(s, t, p)
+                block_sums(s, t, e, p)
             }
             /// # Safety
             /// The CPU must support AVX2 and FMA.
@@ -213,9 +305,10 @@ macro_rules! kernel_entries {
             unsafe fn avx2(
                 s: &Staged<$t, $l>,
                 t: &[[$t; 3]; $tb],
+                e: &[$t; $tb],
                 p: PairParams<$t>,
             ) -> BlockSums<$tb> {
-                block_sums(s, t, p)
+                block_sums(s, t, e, p)
             }
             /// # Safety
             /// The CPU must support AVX-512F.
@@ -224,9 +317,10 @@ macro_rules! kernel_entries {
             unsafe fn avx512(
                 s: &Staged<$t, $l>,
                 t: &[[$t; 3]; $tb],
+                e: &[$t; $tb],
                 p: PairParams<$t>,
             ) -> BlockSums<$tb> {
-                block_sums(s, t, p)
+                block_sums(s, t, e, p)
             }
             #[cfg(target_arch = "x86_64")]
             {
@@ -261,6 +355,7 @@ pub fn evaluate_targets<T: Real, const L: usize>(
     kernel: KernelFn<T, L, TARGET_BLOCK>,
     sources: &Staged<T, L>,
     targets: &[[f64; 3]],
+    target_eps: Option<&[f64]>,
     origin: [f64; 3],
     params: PairParams<T>,
     g: f64,
@@ -270,16 +365,21 @@ pub fn evaluate_targets<T: Real, const L: usize>(
     for (b, block) in targets.chunks(TARGET_BLOCK).enumerate() {
         // Pad a short last block by repeating its first target; the extra results are dropped.
         let mut padded = [[T::ZERO; 3]; TARGET_BLOCK];
+        let mut eps = [T::ZERO; TARGET_BLOCK];
         for t in 0..TARGET_BLOCK {
-            let x = block[t.min(block.len() - 1)];
+            let k = t.min(block.len() - 1);
+            let x = block[k];
             padded[t] = [
                 T::lit(x[0] - origin[0]),
                 T::lit(x[1] - origin[1]),
                 T::lit(x[2] - origin[2]),
             ];
+            if let Some(e) = target_eps {
+                eps[t] = T::lit(e[b * TARGET_BLOCK + k]);
+            }
         }
         // SAFETY: kernels come from a selector that checked the CPU's features.
-        let sums = unsafe { kernel(sources, &padded, params) };
+        let sums = unsafe { kernel(sources, &padded, &eps, params) };
         for (t, s) in sums.iter().take(block.len()).enumerate() {
             let i = b * TARGET_BLOCK + t;
             acc[i][0] += g * s[0];

@@ -63,6 +63,8 @@ pub struct HaloModel {
     pub truncation_radius: Option<f64>,
     /// Relative particle count (scaled with the others to the requested N).
     pub particles: f64,
+    /// The component's own softening length (default: the run's `gravity.softening`).
+    pub softening: Option<f64>,
 }
 
 fn default_hubble() -> f64 {
@@ -81,6 +83,8 @@ pub struct BulgeModel {
     pub truncation_radius: Option<f64>,
     /// Relative particle count.
     pub particles: f64,
+    /// The component's own softening length (default: the run's `gravity.softening`).
+    pub softening: Option<f64>,
 }
 
 /// How the disk's radial dispersion follows the Toomre Q.
@@ -115,6 +119,8 @@ pub struct DiskModel {
     pub q_radius: Option<f64>,
     /// Relative particle count.
     pub particles: f64,
+    /// The component's own softening length (default: the run's `gravity.softening`).
+    pub softening: Option<f64>,
 }
 
 /// Density profile of a spherical model.
@@ -188,6 +194,7 @@ impl ModelFile {
         if let Some(h) = &self.halo {
             positive("halo.particles", h.particles)?;
             optional("halo.truncation_radius", h.truncation_radius)?;
+            optional("halo.softening", h.softening)?;
             match h.profile {
                 HaloProfile::Hernquist => {
                     positive("halo.mass", h.mass.unwrap_or(f64::NAN))?;
@@ -211,6 +218,7 @@ impl ModelFile {
             positive("bulge.mass", b.mass)?;
             positive("bulge.scale_radius", b.scale_radius)?;
             optional("bulge.truncation_radius", b.truncation_radius)?;
+            optional("bulge.softening", b.softening)?;
             positive("bulge.particles", b.particles)?;
         }
         if let Some(d) = &self.disk {
@@ -220,9 +228,28 @@ impl ModelFile {
             optional("disk.truncation_radius", d.truncation_radius)?;
             positive("disk.toomre_q", d.toomre_q)?;
             optional("disk.q_radius", d.q_radius)?;
+            optional("disk.softening", d.softening)?;
             positive("disk.particles", d.particles)?;
         }
         Ok(())
+    }
+
+    /// Softening lengths per component (`Component::index`) for a run whose own length is
+    /// `default`: the components' `softening` keys where given. `None` when every component
+    /// uses the same length.
+    pub fn component_softening(&self, default: f64) -> Option<[f64; 4]> {
+        // Absent components get 0: they have no particles to use it.
+        let present = [
+            self.halo.as_ref().map(|h| h.softening.unwrap_or(default)),
+            self.disk.as_ref().map(|d| d.softening.unwrap_or(default)),
+            self.bulge.as_ref().map(|b| b.softening.unwrap_or(default)),
+            self.sphere.as_ref().map(|_| default),
+        ];
+        present
+            .iter()
+            .flatten()
+            .any(|&e| e != default)
+            .then(|| present.map(|e| e.unwrap_or(0.0)))
     }
 
     /// Number of components with particles.

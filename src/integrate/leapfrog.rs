@@ -34,3 +34,20 @@ pub fn max_acceleration(p: &Particles) -> f64 {
         .map(|a| (a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt())
         .reduce(|| 0.0, f64::max)
 }
+
+/// Largest |a| of each component's particles (indexed by `Component::index`; 0 where a
+/// component has none), for time steps from per-component softening lengths.
+pub fn max_acceleration_by_component(p: &Particles) -> [f64; 4] {
+    p.acc
+        .par_iter()
+        .zip(p.component.par_iter())
+        .fold(
+            || [0.0f64; 4],
+            |mut m, (a, c)| {
+                let k = c.index();
+                m[k] = m[k].max((a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt());
+                m
+            },
+        )
+        .reduce(|| [0.0; 4], |a, b| std::array::from_fn(|k| a[k].max(b[k])))
+}
