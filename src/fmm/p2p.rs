@@ -28,16 +28,41 @@ pub struct NearScratch {
     double: Staged<f64, LANES_F64>,
 }
 
+/// One precision's kernel with its softening parameters: one length for all, or one per
+/// particle (trees with `eps`).
+#[derive(Debug, Clone, Copy)]
+struct Kernels<T, const L: usize> {
+    kernel: KernelFn<T, L, TARGET_BLOCK>,
+    uniform: PairParams<T>,
+    per_particle: PairParams<T>,
+}
+
+impl<T: Real, const L: usize> Kernels<T, L> {
+    fn new(kernel: KernelFn<T, L, TARGET_BLOCK>, softening: Softening) -> Self {
+        Kernels {
+            kernel,
+            uniform: PairParams::new(softening),
+            per_particle: PairParams::per_particle(softening),
+        }
+    }
+
+    fn pick(&self, per_particle: bool) -> (KernelFn<T, L, TARGET_BLOCK>, PairParams<T>) {
+        let params = if per_particle {
+            self.per_particle
+        } else {
+            self.uniform
+        };
+        (self.kernel, params)
+    }
+}
+
 /// The near-field evaluator of one solver.
 #[derive(Debug, Clone, Copy)]
 pub struct NearField {
     precision: NearFieldPrecision,
     g: f64,
-    single: (KernelFn<f32, LANES_F32, TARGET_BLOCK>, PairParams<f32>),
-    double: (KernelFn<f64, LANES_F64, TARGET_BLOCK>, PairParams<f64>),
-    /// The same kernel with per-particle softening lengths (trees with `eps`).
-    single_per_particle: PairParams<f32>,
-    double_per_particle: PairParams<f64>,
+    single: Kernels<f32, LANES_F32>,
+    double: Kernels<f64, LANES_F64>,
 }
 
 impl NearField {
@@ -46,10 +71,8 @@ impl NearField {
         NearField {
             precision,
             g,
-            single: (select_f32().0, PairParams::new(softening)),
-            double: (select_f64().0, PairParams::new(softening)),
-            single_per_particle: PairParams::per_particle(softening),
-            double_per_particle: PairParams::per_particle(softening),
+            single: Kernels::new(select_f32().0, softening),
+            double: Kernels::new(select_f64().0, softening),
         }
     }
 
@@ -66,40 +89,14 @@ impl NearField {
         let per_particle = !tree.eps.is_empty();
         match self.precision {
             NearFieldPrecision::Mixed => {
-                let (kernel, uniform) = self.single;
-                let params = if per_particle {
-                    self.single_per_particle
-                } else {
-                    uniform
-                };
-                stage_and_sum(
-                    tree,
-                    target,
-                    sources,
-                    &mut scratch.single,
-                    (kernel, params),
-                    self.g,
-                    acc,
-                    pot,
-                )
+                let k = self.single.pick(per_particle);
+                let staged = &mut scratch.single;
+                stage_and_sum(tree, target, sources, staged, k, self.g, acc, pot)
             }
             NearFieldPrecision::Double => {
-                let (kernel, uniform) = self.double;
-                let params = if per_particle {
-                    self.double_per_particle
-                } else {
-                    uniform
-                };
-                stage_and_sum(
-                    tree,
-                    target,
-                    sources,
-                    &mut scratch.double,
-                    (kernel, params),
-                    self.g,
-                    acc,
-                    pot,
-                )
+                let k = self.double.pick(per_particle);
+                let staged = &mut scratch.double;
+                stage_and_sum(tree, target, sources, staged, k, self.g, acc, pot)
             }
         }
     }
