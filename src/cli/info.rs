@@ -1,4 +1,5 @@
-//! `leapfmm info FILE`: a summary of a snapshot, IC or checkpoint file.
+//! `leapfmm info FILE`: a summary of a snapshot, IC or checkpoint file (or checkpoint set
+//! manifest).
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
@@ -12,7 +13,7 @@ use std::path::{Path, PathBuf};
 /// Arguments of `leapfmm info`.
 #[derive(Debug, Args)]
 pub struct InfoArgs {
-    /// A GADGET-format HDF5 file or a leapfmm checkpoint.
+    /// A GADGET-format HDF5 file, a leapfmm checkpoint, or a checkpoint set's `.manifest`.
     file: PathBuf,
 }
 
@@ -29,9 +30,41 @@ pub fn execute(args: InfoArgs) -> Result<()> {
         && &magic == checkpoint::MAGIC;
     if is_checkpoint {
         checkpoint_info(path)
+    } else if path.extension().is_some_and(|e| e == "manifest") {
+        checkpoint_set_info(path)
     } else {
         snapshot_info(path)
     }
+}
+
+/// A rank set (multi-rank checkpoint): verifies every rank file and sums them up.
+fn checkpoint_set_info(path: &Path) -> Result<()> {
+    let folder = path.with_extension("ranks");
+    let entry = checkpoint::Entry::Set {
+        manifest: path.to_path_buf(),
+        folder,
+    };
+    let ranks: Vec<Checkpoint> = checkpoint::read_entry(&entry)?;
+    let first = ranks
+        .first()
+        .with_context(|| format!("{}: the set has no rank files", path.display()))?;
+    println!(
+        "{}: leapfmm checkpoint set of {} ranks (every checksum verified)",
+        path.display(),
+        ranks.len()
+    );
+    println!("  written by leapfmm {}", first.version);
+    println!(
+        "  step {}, last dt {:e}, snapshots written {}",
+        first.state.step, first.state.last_dt, first.state.snapshots_written
+    );
+    let mut all = Particles::default();
+    for (r, ckpt) in ranks.into_iter().enumerate() {
+        println!("  rank {r}: {} particles", ckpt.particles.len());
+        all.extend(ckpt.particles);
+    }
+    print_particles(&all);
+    Ok(())
 }
 
 fn checkpoint_info(path: &Path) -> Result<()> {
