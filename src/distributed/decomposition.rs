@@ -7,6 +7,7 @@ use super::comm::{CommError, Communicator, allreduce_max, allreduce_sum, alltoal
 use crate::fmm::morton::{BITS, BoundingCube};
 use crate::particles::{Component, Particles};
 use bytemuck::{Pod, Zeroable};
+use rayon::prelude::*;
 
 /// Domain boundaries are boundaries of octree cells at this level (side = box / 2^12).
 pub const ALIGN_LEVEL: u32 = 12;
@@ -53,14 +54,19 @@ pub fn global_cube(comm: &dyn Communicator, pos: &[[f64; 3]]) -> Result<Bounding
 /// given keys (any order). Work 0 everywhere counts particles instead.
 pub fn balance(comm: &dyn Communicator, keys: &[u64], work: &[f64]) -> Result<Vec<u64>, CommError> {
     let k = comm.size();
-    let mut order: Vec<usize> = (0..keys.len()).collect();
-    order.sort_unstable_by_key(|&i| keys[i]);
-    let sorted: Vec<u64> = order.iter().map(|&i| keys[i]).collect();
     let use_counts = allreduce_sum(comm, &[work.iter().sum::<f64>()])?[0] <= 0.0;
+    // Sorted by (key, work): a total order, so the prefix sums are the same bits for any
+    // thread count.
+    let mut pairs: Vec<(u64, f64)> = keys
+        .par_iter()
+        .enumerate()
+        .map(|(i, &key)| (key, if use_counts { 1.0 } else { work[i] }))
+        .collect();
+    pairs.par_sort_unstable_by(|a, b| a.0.cmp(&b.0).then(a.1.total_cmp(&b.1)));
+    let sorted: Vec<u64> = pairs.iter().map(|p| p.0).collect();
     let mut prefix = Vec::with_capacity(keys.len() + 1);
     prefix.push(0.0);
-    for &i in &order {
-        let w = if use_counts { 1.0 } else { work[i] };
+    for &(_, w) in &pairs {
         prefix.push(prefix[prefix.len() - 1] + w);
     }
     let total = allreduce_sum(comm, &[prefix[prefix.len() - 1]])?[0];
@@ -114,51 +120,80 @@ fn component_code(c: Component) -> u64 {
     Component::ALL.iter().position(|&x| x == c).unwrap_or(3) as u64
 }
 
-/// Moves every particle (with its work) to the rank owning its key. The new order is by
-/// source rank, then by the source's order: deterministic. Accelerations and potentials are
-/// not carried (they are recomputed); velocities only if present.
+/// Moves every particle (with its work) to the rank owning its key. Particles that stay
+/// keep their order (and their accelerations and potentials); the arrivals follow, by source
+/// rank, then in the source's order, with zero accelerations and potentials until the next
+/// evaluation: deterministic. Velocities travel only if present. Returns how many left.
 pub fn migrate(
     comm: &dyn Communicator,
     domains: &Domains,
     p: &mut Particles,
     work: &mut Vec<f64>,
 ) -> Result<usize, CommError> {
+    let me = comm.rank();
     let has_vel = !p.vel.is_empty();
+    let owners: Vec<usize> = p
+        .pos
+        .par_iter()
+        .map(|&x| domains.owner(domains.cube.key(x)))
+        .collect();
     let mut outgoing: Vec<Vec<Record>> = vec![Vec::new(); comm.size()];
-    for i in 0..p.len() {
-        let owner = domains.owner(domains.cube.key(p.pos[i]));
-        outgoing[owner].push(Record {
-            pos: p.pos[i],
-            vel: if has_vel { p.vel[i] } else { [0.0; 3] },
-            mass: p.mass[i],
-            work: work.get(i).copied().unwrap_or(0.0),
-            id: p.id[i],
-            component: component_code(p.component[i]),
-        });
+    for (i, &owner) in owners.iter().enumerate() {
+        if owner != me {
+            outgoing[owner].push(Record {
+                pos: p.pos[i],
+                vel: if has_vel { p.vel[i] } else { [0.0; 3] },
+                mass: p.mass[i],
+                work: work.get(i).copied().unwrap_or(0.0),
+                id: p.id[i],
+                component: component_code(p.component[i]),
+            });
+        }
     }
-    let moved: usize = outgoing
-        .iter()
-        .enumerate()
-        .filter(|(r, _)| *r != comm.rank())
-        .map(|(_, v)| v.len())
-        .sum();
+    let moved: usize = outgoing.iter().map(Vec::len).sum();
     let incoming = alltoallv(comm, &outgoing)?;
-    let n: usize = incoming.iter().map(|v| v.len()).sum();
-    let mut q = Particles::with_capacity(n);
-    work.clear();
+    if moved > 0 {
+        let stays: Vec<bool> = owners.iter().map(|&o| o == me).collect();
+        keep(&mut p.pos, &stays);
+        keep(&mut p.vel, &stays);
+        keep(&mut p.acc, &stays);
+        keep(&mut p.pot, &stays);
+        keep(&mut p.mass, &stays);
+        keep(&mut p.id, &stays);
+        keep(&mut p.component, &stays);
+        keep(work, &stays);
+    }
+    work.resize(p.len(), 0.0);
     for r in incoming.iter().flatten() {
         let c = Component::ALL
             .get(r.component as usize)
             .copied()
             .unwrap_or(Component::Generic);
-        q.push(r.pos, r.vel, r.mass, r.id, c);
+        p.pos.push(r.pos);
+        if has_vel {
+            p.vel.push(r.vel);
+        }
+        p.mass.push(r.mass);
+        p.id.push(r.id);
+        p.component.push(c);
         work.push(r.work);
     }
-    if !has_vel {
-        q.vel.clear();
-    }
-    *p = q;
+    p.acc.resize(p.len(), [0.0; 3]);
+    p.pot.resize(p.len(), 0.0);
     Ok(moved)
+}
+
+/// Keeps the entries of `v` whose flag in `stays` is set (an empty `v` stays empty).
+fn keep<T>(v: &mut Vec<T>, stays: &[bool]) {
+    if v.is_empty() {
+        return;
+    }
+    let mut k = 0;
+    v.retain(|_| {
+        let s = stays[k];
+        k += 1;
+        s
+    });
 }
 
 #[cfg(test)]
