@@ -76,7 +76,8 @@ const UNIFORM_MASS: u32 = 4;
 /// `LetCell::flags` bit: the cell's particles share one softening length, sent once.
 const UNIFORM_EPS: u32 = 8;
 
-/// One cell of a locally essential tree on the wire.
+/// One cell of a locally essential tree on the wire (48 bytes; the receiver needs no mass:
+/// the monopole is in the multipole).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 pub struct LetCell {
@@ -84,20 +85,22 @@ pub struct LetCell {
     pub centre: [f64; 3],
     /// Bounding radius.
     pub r_max: f64,
-    /// Mass.
-    pub mass: f64,
     /// First child (children contiguous); 0 when no children were sent.
     pub first_child: u32,
-    /// Number of children sent.
-    pub child_count: u32,
     /// Particle range (empty unless the particles were sent).
     pub begin: u32,
     /// End of the particle range.
     pub end: u32,
-    /// `TREE_LEAF` | `HAS_MULTIPOLE` | `UNIFORM_MASS` | `UNIFORM_EPS`.
+    /// `TREE_LEAF` | `HAS_MULTIPOLE` | `UNIFORM_MASS` | `UNIFORM_EPS` in the low byte, the
+    /// number of children sent in the next.
     pub flags: u32,
-    /// Padding (Pod layout).
-    pub pad: u32,
+}
+
+impl LetCell {
+    /// Number of children sent.
+    pub fn child_count(&self) -> u32 {
+        (self.flags >> 8) & 0xff
+    }
 }
 
 /// What one rank sends another.
@@ -158,7 +161,6 @@ pub fn export(
         let mut entry = LetCell {
             centre: cell.centre,
             r_max: cell.r_max,
-            mass: cell.mass,
             flags: if cell.is_leaf() { TREE_LEAF } else { 0 },
             ..LetCell::zeroed()
         };
@@ -183,7 +185,7 @@ pub fn export(
         }
         if n & NEED_CHILDREN != 0 {
             entry.first_child = out.cells.len() as u32;
-            entry.child_count = cell.child_count as u32;
+            entry.flags |= u32::from(cell.child_count) << 8;
             for (k, child) in cell.children().enumerate() {
                 out.cells.push(LetCell::zeroed());
                 queue.push_back((child, entry.first_child as usize + k));
@@ -379,12 +381,11 @@ pub fn import(packet: &LetPacket, len: usize) -> RemoteTree {
             .map(|c| Cell {
                 centre: c.centre,
                 r_max: c.r_max,
-                mass: c.mass,
                 begin: c.begin,
                 end: c.end,
                 first_child: c.first_child,
-                child_count: c.child_count as u8,
-                opaque: c.flags & TREE_LEAF == 0 && c.child_count == 0,
+                child_count: c.child_count() as u8,
+                opaque: c.flags & TREE_LEAF == 0 && c.child_count() == 0,
                 ..Cell::default()
             })
             .collect(),
@@ -403,7 +404,6 @@ mod tests {
         let leaf = |centre: [f64; 3], begin: u32, end: u32| LetCell {
             centre,
             r_max: 0.5,
-            mass: 1.0,
             begin,
             end,
             flags: TREE_LEAF,
@@ -413,7 +413,7 @@ mod tests {
             cells: vec![
                 LetCell {
                     first_child: 1,
-                    child_count: 2,
+                    flags: 2 << 8,
                     ..LetCell::zeroed()
                 },
                 leaf([1.0, 2.0, 3.0], 0, 3),
@@ -441,7 +441,7 @@ mod tests {
         assert_eq!(d.cells[2].flags, TREE_LEAF);
         let single = p.encode(WirePrecision::Single);
         // 3 cells, 3 f32 multipole values, 5 f32 positions, masses: 1 (uniform leaf) + 2.
-        assert_eq!(single.len(), HEADER + 3 * 64 + 3 * 4 + 5 * 12 + 3 * 8);
+        assert_eq!(single.len(), HEADER + 3 * 48 + 3 * 4 + 5 * 12 + 3 * 8);
         let mut varied = p.clone();
         varied.eps = vec![0.1, 0.1, 0.1, 0.2, 0.05];
         let v = LetPacket::decode(&varied.encode(WirePrecision::Single), WirePrecision::Single)
