@@ -26,6 +26,7 @@ pub struct Progress {
     t_end: f64,
     started: Instant,
     steps_at_start: u64,
+    time_at_start: f64,
 }
 
 impl Progress {
@@ -53,12 +54,14 @@ impl Progress {
             t_end,
             started: Instant::now(),
             steps_at_start: 0,
+            time_at_start: 0.0,
         }
     }
 
     /// Marks the step count the timing starts from (non-zero when resuming).
     pub fn start_at(&mut self, step: u64, time: f64) {
         self.steps_at_start = step;
+        self.time_at_start = time;
         self.started = Instant::now();
         if let Mode::Bar(bar) = &self.mode {
             bar.set_position(self.fraction(time));
@@ -76,6 +79,10 @@ impl Progress {
         let rate = (step - self.steps_at_start) as f64 / elapsed.max(1e-9);
         let fraction = self.fraction(time);
         let t_end = self.t_end;
+        // The ETA extrapolates from the part of the run done since timing started, so a
+        // resumed run does not count the steps it inherited.
+        let remaining = t_end - time;
+        let done_here = time - self.time_at_start;
         match &mut self.mode {
             Mode::Quiet => {}
             Mode::Bar(bar) => {
@@ -88,8 +95,8 @@ impl Progress {
                 if last.elapsed() >= LOG_EVERY {
                     *last = Instant::now();
                     let done = time / t_end;
-                    let eta = if done > 0.0 {
-                        elapsed * (1.0 - done) / done
+                    let eta = if done_here > 0.0 {
+                        elapsed * remaining.max(0.0) / done_here
                     } else {
                         f64::NAN
                     };
