@@ -108,6 +108,18 @@ def main():
     print(f"| max abs(ΔE/E) | | {de:.2e} | |")
     print(f"| max abs(ΔLz/Lz) | | {dlz:.2e} | |")
 
+    # Bar amplitude and thickness per snapshot.
+    rows = [load(fn) for fn in snaps]
+    print()
+    print("| t (Myr) | " + " | ".join(f"{r['time'] * MYR_PER_UNIT:.0f}" for r in rows) + " |")
+    print("|---|" + "---|" * len(rows))
+    print("| A2 | " + " | ".join(f"{a2(r['disk'], 3 * rd):.3f}" for r in rows) + " |")
+    zs = []
+    for r in rows:
+        s, x, _ = annulus(r["disk"], rd, 3 * rd)
+        zs.append(np.median(np.abs(x[s, 2])))
+    print("| median abs(z) (kpc) | " + " | ".join(f"{z:.3f}" for z in zs) + " |")
+
     # Face-on surface density of the disk.
     fig, axes = plt.subplots(1, 2, figsize=(11, 5), constrained_layout=True)
     for ax, snap in zip(axes, [first, last]):
