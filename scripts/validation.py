@@ -84,7 +84,8 @@ def main():
     run, curves_csv, outdir = sys.argv[1:4]
     os.makedirs(outdir, exist_ok=True)
     snaps = sorted(glob.glob(os.path.join(run, "snapshots", "snap_*.hdf5")))
-    first, last = load(snaps[0]), load(snaps[-1])
+    rows = [load(fn) for fn in snaps]
+    first, last = rows[0], rows[-1]
     curves = np.genfromtxt(curves_csv, delimiter=",", names=True)
     rd = 3.0
     t1 = last["time"] * MYR_PER_UNIT
@@ -109,7 +110,6 @@ def main():
     print(f"| max abs(ΔLz/Lz) | | {dlz:.2e} | |")
 
     # Bar amplitude and thickness per snapshot.
-    rows = [load(fn) for fn in snaps]
     print()
     print("| t (Myr) | " + " | ".join(f"{r['time'] * MYR_PER_UNIT:.0f}" for r in rows) + " |")
     print("|---|" + "---|" * len(rows))

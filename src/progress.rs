@@ -10,6 +10,17 @@ const LOG_EVERY: Duration = Duration::from_secs(10);
 /// Resolution of the bar (parts of the whole run).
 const BAR_STEPS: u64 = 10_000;
 
+/// Seconds left, extrapolated from the simulation time covered since timing started at
+/// `time_at_start` — not since t = 0, so a resumed run does not count what it inherited.
+fn eta_seconds(elapsed: f64, time_at_start: f64, time: f64, t_end: f64) -> f64 {
+    let done_here = time - time_at_start;
+    if done_here > 0.0 {
+        elapsed * (t_end - time).max(0.0) / done_here
+    } else {
+        f64::NAN
+    }
+}
+
 /// How progress is shown.
 #[derive(Debug)]
 enum Mode {
@@ -79,10 +90,7 @@ impl Progress {
         let rate = (step - self.steps_at_start) as f64 / elapsed.max(1e-9);
         let fraction = self.fraction(time);
         let t_end = self.t_end;
-        // The ETA extrapolates from the part of the run done since timing started, so a
-        // resumed run does not count the steps it inherited.
-        let remaining = t_end - time;
-        let done_here = time - self.time_at_start;
+        let time_at_start = self.time_at_start;
         match &mut self.mode {
             Mode::Quiet => {}
             Mode::Bar(bar) => {
@@ -95,11 +103,7 @@ impl Progress {
                 if last.elapsed() >= LOG_EVERY {
                     *last = Instant::now();
                     let done = time / t_end;
-                    let eta = if done_here > 0.0 {
-                        elapsed * remaining.max(0.0) / done_here
-                    } else {
-                        f64::NAN
-                    };
+                    let eta = eta_seconds(elapsed, time_at_start, time, t_end);
                     eprintln!(
                         "[{}] t = {time:.6}/{t_end} ({:.1}%), step {step}, {rate:.1} steps/s, ETA {eta:.0} s",
                         self.label,
@@ -133,5 +137,19 @@ impl Progress {
         if let Mode::Bar(bar) = &self.mode {
             bar.finish_and_clear();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::eta_seconds;
+
+    #[test]
+    fn a_resumed_run_extrapolates_from_the_time_covered_since_the_resume() {
+        // Resumed at 70% of the run; 10 s of wall time covered 5% more.
+        let eta = eta_seconds(10.0, 0.70, 0.75, 1.0);
+        assert!((eta - 50.0).abs() < 1e-9, "{eta}");
+        assert!(eta_seconds(0.0, 0.5, 0.5, 1.0).is_nan());
+        assert_eq!(eta_seconds(10.0, 0.0, 1.0, 1.0), 0.0);
     }
 }
