@@ -366,7 +366,7 @@ fn load_balance_and_surface_scaling_on_the_galaxy() {
 }
 
 #[test]
-#[ignore = "issue 5 target not met yet: the LET is 44.5% of the own (pos, mass) bytes at N = 1e6, K = 4 (target 25%); see docs/benchmarks.md"]
+#[ignore = "issue 5 target not met: the LET is 32.7% of the own (pos, mass) bytes at N = 1e6, K = 4 (target 25%); see docs/benchmarks.md"]
 fn let_traffic_is_a_quarter_of_own_bytes_on_the_galaxy() {
     let t = galaxy_traffic();
     assert!(t[1].2 <= 0.25, "LET traffic {} of own bytes", t[1].2);

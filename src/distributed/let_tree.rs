@@ -9,18 +9,19 @@
 
 use crate::fmm::solver::RemoteTree;
 use crate::fmm::traversal::{Mac, open_second};
-use crate::fmm::tree::{Cell, Tree};
+use crate::fmm::tree::{Cell, Tree, WIRE_POSITION_BITS, dequantise_position, quantise_position};
 use bytemuck::{Pod, Zeroable};
 use std::collections::VecDeque;
 
-/// Geometry of one cell of a rank's tree, as other ranks see it.
+/// Geometry of one cell of a rank's tree, as other ranks see it (24 bytes: the tree keeps
+/// its geometry f32-representable).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 pub struct TopCell {
     /// Centre of mass.
-    pub centre: [f64; 3],
+    pub centre: [f32; 3],
     /// Bounding radius about the centre.
-    pub r_max: f64,
+    pub r_max: f32,
     /// First child (children contiguous).
     pub first_child: u32,
     /// Number of children (0 for a leaf).
@@ -31,8 +32,8 @@ impl TopCell {
     /// The cell as the walks see it: the same centre and radius bits as the owner's cell.
     fn as_cell(&self) -> Cell {
         Cell {
-            centre: self.centre,
-            r_max: self.r_max,
+            centre: self.centre.map(f64::from),
+            r_max: f64::from(self.r_max),
             child_count: self.child_count as u8,
             ..Cell::default()
         }
@@ -43,8 +44,7 @@ impl TopCell {
     }
 }
 
-/// The geometry of every cell of `tree`, breadth first with children contiguous (56 bytes
-/// per cell).
+/// The geometry of every cell of `tree`, breadth first with children contiguous.
 pub fn top_tree(tree: &Tree) -> Vec<TopCell> {
     if tree.own_particles == 0 {
         return Vec::new();
@@ -57,8 +57,8 @@ pub fn top_tree(tree: &Tree) -> Vec<TopCell> {
         let first_child = source.len() as u32;
         source.extend(c.children());
         out.push(TopCell {
-            centre: c.centre,
-            r_max: c.r_max,
+            centre: c.centre.map(|v| v as f32),
+            r_max: c.r_max as f32,
             first_child: if c.is_leaf() { 0 } else { first_child },
             child_count: c.child_count as u32,
         });
@@ -76,8 +76,8 @@ const UNIFORM_MASS: u32 = 4;
 /// `LetCell::flags` bit: the cell's particles share one softening length, sent once.
 const UNIFORM_EPS: u32 = 8;
 
-/// One cell of a locally essential tree on the wire (48 bytes; the receiver needs no mass:
-/// the monopole is in the multipole).
+/// One cell of a locally essential tree (it travels as a `WireCell`; the receiver needs no
+/// mass: the monopole is in the multipole).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 pub struct LetCell {
@@ -110,6 +110,8 @@ pub struct LetPacket {
     pub cells: Vec<LetCell>,
     /// The multipoles of the cells flagged `HAS_MULTIPOLE`, in cell order.
     pub multipoles: Vec<f64>,
+    /// Values per multipole (`real_len` of the order).
+    pub len: usize,
     /// Particles of the leaves sent with particles: x, y, z, m.
     pub particles: Vec<[f64; 4]>,
     /// Their softening lengths, when these differ between particles (else empty).
@@ -131,7 +133,10 @@ pub fn export(
     receiver: &[TopCell],
     mac: Mac,
 ) -> LetPacket {
-    let mut out = LetPacket::default();
+    let mut out = LetPacket {
+        len,
+        ..LetPacket::default()
+    };
     if tree.own_particles == 0 || receiver.is_empty() {
         return out;
     }
@@ -196,21 +201,46 @@ pub fn export(
     out
 }
 
-/// How a packet travels. Positions: in single precision (with the mixed-precision near
-/// field, whose own rounding is coarser) as f32 offsets from their leaf's centre, else as
-/// f64; multipoles likewise f32 or f64. Masses always travel exactly (f64), once per leaf
-/// when its particles share one mass, so the ranks' mutual forces stay symmetric. Cell
-/// geometry always travels exactly, because both ranks' walks must decide alike on it.
+/// How a packet travels. Cell geometry always travels exactly (the tree keeps it
+/// f32-representable, and both ranks' walks must decide alike on it), and masses too (f64,
+/// once per leaf when its particles share one mass), so the ranks' mutual forces stay
+/// symmetric. Positions and multipoles are compressed for the mixed-precision near field,
+/// whose own rounding is coarser, and exact otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WirePrecision {
-    /// f32 positions (12 bytes per particle) and multipoles.
+    /// Positions as 24-bit offsets from their leaf's centre in units of `r_max / (2^23 - 1)`
+    /// (9 bytes per particle, see `quantise_position`; the sender uses the same rounded
+    /// positions on its side of the near pairs, `Tree::wire_positions`); multipoles in block floating point
+    /// per degree (`MANTISSA_BITS`-bit mantissas under one power-of-two scale).
     Single,
     /// f64 positions (24 bytes per particle) and multipoles.
     Double,
 }
 
 /// Bytes of the count header of an encoded packet.
-const HEADER: usize = 5 * 8;
+const HEADER: usize = 6 * 8;
+
+/// Bits of each multipole coefficient's mantissa (sign included) in `WirePrecision::Single`:
+/// the error is at most 2^-20 of the largest coefficient of the same degree, small enough
+/// that cross-domain forces stay mirror images to well below the FMM's own asymmetry
+/// (16 bits measurably degraded momentum conservation on 4 ranks).
+const MANTISSA_BITS: u32 = 24;
+
+/// Bits of a degree's power-of-two scale.
+const EXPONENT_BITS: u32 = 16;
+
+/// One cell on the wire (24 bytes): its children and particles follow from the counts of
+/// the cells before it (children contiguous, breadth first; particles in cell order).
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+struct WireCell {
+    centre: [f32; 3],
+    r_max: f32,
+    /// Particles sent.
+    count: u32,
+    /// `LetCell::flags`.
+    flags: u32,
+}
 
 /// A per-particle quantity of a packet's particles, in cell order: one value for a leaf
 /// whose particles all share it (flagged `flag`), else one per particle.
@@ -245,10 +275,123 @@ fn unstream(cells: &[LetCell], stream: &[f64], flag: u32, np: usize) -> Option<V
     Some(out)
 }
 
+/// Little-endian bit packing for the block-floating-point multipoles.
+#[derive(Default)]
+struct BitWriter {
+    out: Vec<u8>,
+    acc: u64,
+    bits: u32,
+}
+
+impl BitWriter {
+    fn push(&mut self, value: u64, bits: u32) {
+        self.acc |= value << self.bits;
+        self.bits += bits;
+        while self.bits >= 8 {
+            self.out.push(self.acc as u8);
+            self.acc >>= 8;
+            self.bits -= 8;
+        }
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        if self.bits > 0 {
+            self.out.push(self.acc as u8);
+        }
+        self.out
+    }
+}
+
+struct BitReader<'a> {
+    bytes: &'a [u8],
+    at: usize,
+}
+
+impl BitReader<'_> {
+    fn read(&mut self, bits: u32) -> Option<u64> {
+        let mut value = 0u64;
+        for k in 0..bits as usize {
+            let bit = self.at + k;
+            let byte = *self.bytes.get(bit / 8)?;
+            value |= u64::from((byte >> (bit % 8)) & 1) << k;
+        }
+        self.at += bits as usize;
+        Some(value)
+    }
+}
+
+/// 2^k as an f64 (|k| within the normal range).
+fn pow2(k: i32) -> f64 {
+    f64::from_bits(((k + 1023) as u64) << 52)
+}
+
+/// Expansion order of multipoles of `len` f64 values ((p + 1)(p + 2) = len).
+fn order_of(len: usize) -> Option<usize> {
+    (0..64).find(|p| (p + 1) * (p + 2) == len)
+}
+
+/// The f64 indices of degree `n`'s independent values: Re (n, 0), then Re and Im of (n, m)
+/// for m = 1..=n (Im (n, 0) is zero for real sources and does not travel).
+fn degree_indices(n: usize) -> impl Iterator<Item = usize> {
+    let first = n * (n + 1);
+    std::iter::once(first).chain(first + 2..first + 2 * (n + 1))
+}
+
+/// Bits of one multipole of order `p` in block floating point.
+fn multipole_bits(p: usize) -> usize {
+    (p + 1) * EXPONENT_BITS as usize + (p + 1) * (p + 1) * MANTISSA_BITS as usize
+}
+
+/// Writes one multipole of order `p`: per degree, a scale 2^e above its largest value
+/// (e as a biased 16-bit integer, 0 for an all-zero degree), then each value as a signed
+/// `MANTISSA_BITS`-bit multiple of 2^(e - MANTISSA_BITS + 1) in offset binary.
+fn pack_multipole(m: &[f64], p: usize, out: &mut BitWriter) {
+    let half = 1i64 << (MANTISSA_BITS - 1);
+    for n in 0..=p {
+        let largest = degree_indices(n).map(|i| m[i].abs()).fold(0.0, f64::max);
+        // The smallest e with largest < 2^e; degrees below 2^-1000 are zero for all uses.
+        let e = ((largest.to_bits() >> 52) & 0x7ff) as i32 - 1022;
+        if !(largest.is_finite() && e > -1000) {
+            out.push(0, EXPONENT_BITS);
+            for _ in degree_indices(n) {
+                out.push(half as u64, MANTISSA_BITS);
+            }
+            continue;
+        }
+        out.push((e + 32768) as u64, EXPONENT_BITS);
+        let scale = pow2(MANTISSA_BITS as i32 - 1) * pow2(-e);
+        for i in degree_indices(n) {
+            let q = (m[i] * scale)
+                .round()
+                .clamp(-(half - 1) as f64, (half - 1) as f64) as i64;
+            out.push((q + half) as u64, MANTISSA_BITS);
+        }
+    }
+}
+
+/// Reads `pack_multipole`'s values into `m` (`real_len(p)` values).
+fn unpack_multipole(bits: &mut BitReader, p: usize, m: &mut [f64]) -> Option<()> {
+    let half = 1i64 << (MANTISSA_BITS - 1);
+    m.fill(0.0);
+    for n in 0..=p {
+        let biased = bits.read(EXPONENT_BITS)? as i32;
+        let unit = if biased == 0 {
+            0.0
+        } else {
+            pow2(biased - 32768) * pow2(1 - MANTISSA_BITS as i32)
+        };
+        for i in degree_indices(n) {
+            let q = bits.read(MANTISSA_BITS)? as i64 - half;
+            m[i] = q as f64 * unit;
+        }
+    }
+    Some(())
+}
+
 impl LetPacket {
-    /// The packet as bytes: five u64 counts (cells, multipole values, particles, mass
-    /// values, softening values), the cells, the multipoles, the positions, the masses, the
-    /// softening lengths.
+    /// The packet as bytes: six u64 counts (cells, multipoles, values per multipole,
+    /// particles, mass values, softening values), the cells (`WireCell`), the multipoles,
+    /// the positions, the masses, the softening lengths.
     pub fn encode(&self, precision: WirePrecision) -> Vec<u8> {
         let mut cells = self.cells.clone();
         let m: Vec<f64> = self.particles.iter().map(|q| q[3]).collect();
@@ -258,17 +401,28 @@ impl LetPacket {
         } else {
             leaf_stream(&mut cells, &self.eps, UNIFORM_EPS)
         };
+        let count = self.multipoles.len().checked_div(self.len).unwrap_or(0);
         let mut out = Vec::new();
-        for count in [
+        for n in [
             cells.len(),
-            self.multipoles.len(),
+            count,
+            self.len,
             self.particles.len(),
             masses.len(),
             eps.len(),
         ] {
-            out.extend_from_slice(&(count as u64).to_le_bytes());
+            out.extend_from_slice(&(n as u64).to_le_bytes());
         }
-        out.extend_from_slice(bytemuck::cast_slice(&cells));
+        let wire: Vec<WireCell> = cells
+            .iter()
+            .map(|c| WireCell {
+                centre: c.centre.map(|v| v as f32),
+                r_max: c.r_max as f32,
+                count: c.end - c.begin,
+                flags: c.flags,
+            })
+            .collect();
+        out.extend_from_slice(bytemuck::cast_slice(&wire));
         match precision {
             WirePrecision::Double => {
                 out.extend_from_slice(bytemuck::cast_slice(&self.multipoles));
@@ -276,16 +430,23 @@ impl LetPacket {
                 out.extend_from_slice(bytemuck::cast_slice(&x));
             }
             WirePrecision::Single => {
-                let m: Vec<f32> = self.multipoles.iter().map(|&v| v as f32).collect();
-                out.extend_from_slice(bytemuck::cast_slice(&m));
-                let mut x = vec![[0f32; 3]; self.particles.len()];
-                for c in &cells {
-                    for i in c.begin as usize..c.end as usize {
-                        let q = self.particles[i];
-                        x[i] = std::array::from_fn(|k| (q[k] - c.centre[k]) as f32);
+                let mut bits = BitWriter::default();
+                if let Some(p) = order_of(self.len) {
+                    for m in self.multipoles.chunks_exact(self.len) {
+                        pack_multipole(m, p, &mut bits);
                     }
                 }
-                out.extend_from_slice(bytemuck::cast_slice(&x));
+                out.extend_from_slice(&bits.finish());
+                let mut x = BitWriter::default();
+                let half = 1i64 << (WIRE_POSITION_BITS - 1);
+                for c in &cells {
+                    for q in &self.particles[c.begin as usize..c.end as usize] {
+                        for v in quantise_position([q[0], q[1], q[2]], c.centre, c.r_max) {
+                            x.push((i64::from(v) + half) as u64, WIRE_POSITION_BITS);
+                        }
+                    }
+                }
+                out.extend_from_slice(&x.finish());
             }
         }
         out.extend_from_slice(bytemuck::cast_slice(&masses));
@@ -302,13 +463,21 @@ impl LetPacket {
             a.copy_from_slice(b);
             Ok(u64::from_le_bytes(a) as usize)
         };
-        let (nc, nm, np, nq, ne) = (count(0)?, count(1)?, count(2)?, count(3)?, count(4)?);
-        let (value, position) = match precision {
-            WirePrecision::Single => (4, 12),
-            WirePrecision::Double => (8, 24),
+        let (nc, nm, len) = (count(0)?, count(1)?, count(2)?);
+        let (np, nq, ne) = (count(3)?, count(4)?, count(5)?);
+        let (multipole_bytes, position_bytes) = match precision {
+            WirePrecision::Single => {
+                let p = order_of(len).ok_or_else(bad)?;
+                let position_bits = np * 3 * WIRE_POSITION_BITS as usize;
+                (
+                    (nm * multipole_bits(p)).div_ceil(8),
+                    position_bits.div_ceil(8),
+                )
+            }
+            WirePrecision::Double => (nm * len * 8, np * 24),
         };
-        let cell_bytes = nc * std::mem::size_of::<LetCell>();
-        if bytes.len() != HEADER + cell_bytes + nm * value + np * position + (nq + ne) * 8 {
+        let cell_bytes = nc * std::mem::size_of::<WireCell>();
+        if bytes.len() != HEADER + cell_bytes + multipole_bytes + position_bytes + (nq + ne) * 8 {
             return Err(bad());
         }
         let mut at = HEADER;
@@ -317,19 +486,59 @@ impl LetPacket {
             at += n;
             part
         };
-        let cells: Vec<LetCell> = bytemuck::pod_collect_to_vec(take(cell_bytes));
+        let wire: Vec<WireCell> = bytemuck::pod_collect_to_vec(take(cell_bytes));
+        let mut cells = Vec::with_capacity(nc);
+        let (mut next_child, mut next_particle) = (1u32, 0u32);
+        for w in &wire {
+            let mut c = LetCell {
+                centre: w.centre.map(f64::from),
+                r_max: f64::from(w.r_max),
+                flags: w.flags,
+                ..LetCell::zeroed()
+            };
+            if c.child_count() > 0 {
+                c.first_child = next_child;
+                next_child += c.child_count();
+            }
+            c.begin = next_particle;
+            next_particle = next_particle.checked_add(w.count).ok_or_else(bad)?;
+            c.end = next_particle;
+            cells.push(c);
+        }
+        if next_child as usize > nc.max(1) || next_particle as usize != np {
+            return Err(bad());
+        }
         let (multipoles, positions): (Vec<f64>, Vec<[f64; 3]>) = match precision {
             WirePrecision::Double => (
-                bytemuck::pod_collect_to_vec(take(nm * 8)),
+                bytemuck::pod_collect_to_vec(take(multipole_bytes)),
                 bytemuck::pod_collect_to_vec(take(np * 24)),
             ),
             WirePrecision::Single => {
-                let m: Vec<f32> = bytemuck::pod_collect_to_vec(take(nm * 4));
-                let x: Vec<[f32; 3]> = bytemuck::pod_collect_to_vec(take(np * 12));
-                (
-                    m.iter().map(|&v| f64::from(v)).collect(),
-                    x.iter().map(|v| v.map(f64::from)).collect(),
-                )
+                let p = order_of(len).ok_or_else(bad)?;
+                let mut bits = BitReader {
+                    bytes: take(multipole_bytes),
+                    at: 0,
+                };
+                let mut m = vec![0.0; nm * len];
+                for chunk in m.chunks_exact_mut(len) {
+                    unpack_multipole(&mut bits, p, chunk).ok_or_else(bad)?;
+                }
+                let mut q = BitReader {
+                    bytes: take(position_bytes),
+                    at: 0,
+                };
+                let half = 1i64 << (WIRE_POSITION_BITS - 1);
+                let mut x = vec![[0.0; 3]; np];
+                for c in cells.iter().filter(|c| c.end > c.begin) {
+                    for x in &mut x[c.begin as usize..c.end as usize] {
+                        let mut v = [0i32; 3];
+                        for v in &mut v {
+                            *v = (q.read(WIRE_POSITION_BITS).ok_or_else(bad)? as i64 - half) as i32;
+                        }
+                        *x = dequantise_position(v, c.centre, c.r_max);
+                    }
+                }
+                (m, x)
             }
         };
         let masses: Vec<f64> = bytemuck::pod_collect_to_vec(take(nq * 8));
@@ -340,21 +549,15 @@ impl LetPacket {
         } else {
             unstream(&cells, &eps_stream, UNIFORM_EPS, np).ok_or_else(bad)?
         };
-        let mut particles = vec![[0.0; 4]; np];
-        for c in cells.iter().filter(|c| c.end > c.begin) {
-            let range = c.begin as usize..c.end as usize;
-            let xs = positions.get(range.clone()).ok_or_else(bad)?;
-            for (i, x) in range.zip(xs) {
-                let x = match precision {
-                    WirePrecision::Single => std::array::from_fn(|k| x[k] + c.centre[k]),
-                    WirePrecision::Double => *x,
-                };
-                particles[i] = [x[0], x[1], x[2], masses[i]];
-            }
-        }
+        let particles = positions
+            .iter()
+            .zip(&masses)
+            .map(|(x, &m)| [x[0], x[1], x[2], m])
+            .collect();
         Ok(LetPacket {
             cells,
             multipoles,
+            len,
             particles,
             eps,
         })
@@ -419,7 +622,9 @@ mod tests {
                 leaf([1.0, 2.0, 3.0], 0, 3),
                 leaf([-4.0, 0.5, 0.0], 3, 5),
             ],
-            multipoles: vec![0.25, -1.5, 3.0],
+            // One multipole of order 1: Re/Im of (0, 0), (1, 0), (1, 1).
+            multipoles: vec![0.25, 0.0, -1.5, 0.0, 3.0, -0.75],
+            len: 6,
             particles: vec![
                 [1.1, 2.2, 3.3, 0.125],
                 [0.9, 1.8, 2.7, 0.125],
@@ -440,20 +645,37 @@ mod tests {
         assert_eq!(d.cells[1].flags, TREE_LEAF | UNIFORM_MASS);
         assert_eq!(d.cells[2].flags, TREE_LEAF);
         let single = p.encode(WirePrecision::Single);
-        // 3 cells, 3 f32 multipole values, 5 f32 positions, masses: 1 (uniform leaf) + 2.
-        assert_eq!(single.len(), HEADER + 3 * 48 + 3 * 4 + 5 * 12 + 3 * 8);
+        // 3 cells; one order-1 multipole in 2 x 16 + 4 x 24 bits; 5 positions of 3 x 24 bits;
+        // masses: 1 (uniform leaf) + 2.
+        assert_eq!(single.len(), HEADER + 3 * 24 + 16 + 5 * 9 + 3 * 8);
         let mut varied = p.clone();
         varied.eps = vec![0.1, 0.1, 0.1, 0.2, 0.05];
         let v = LetPacket::decode(&varied.encode(WirePrecision::Single), WirePrecision::Single)
             .unwrap();
         assert_eq!(v.eps, varied.eps);
         let s = LetPacket::decode(&single, WirePrecision::Single).unwrap();
+        assert_eq!(s.cells[0].first_child, 1);
+        assert_eq!((s.cells[2].begin, s.cells[2].end), (3, 5));
         for (a, b) in s.particles.iter().zip(&p.particles) {
             assert_eq!(a[3], b[3], "masses travel exactly");
             for k in 0..3 {
-                assert!((a[k] - b[k]).abs() < 1e-6, "{a:?} vs {b:?}");
+                let step = 0.5 / f64::from((1 << 23) - 1);
+                assert!((a[k] - b[k]).abs() <= 0.5 * step, "{a:?} vs {b:?}");
             }
         }
+        // Each value within half a step (2^-23 of its degree's scale: 1 and 4 here).
+        for (i, (a, b)) in s.multipoles.iter().zip(&p.multipoles).enumerate() {
+            let scale = if i < 2 { 1.0 } else { 4.0 };
+            assert!((a - b).abs() <= scale * 2f64.powi(-24), "{i}: {a} vs {b}");
+        }
+        assert_eq!(s.multipoles[3], 0.0);
+        // A quantised position is what the other rank reconstructs, bit for bit.
+        let (c, r) = ([1.0, 2.0, 3.0], 0.5);
+        let q = quantise_position(p.particles[0][..3].try_into().unwrap(), c, r);
+        assert_eq!(
+            dequantise_position(q, c, r),
+            <[f64; 3]>::try_from(&s.particles[0][..3]).unwrap()
+        );
         assert!(LetPacket::decode(&single[..single.len() - 1], WirePrecision::Single).is_err());
     }
 }

@@ -206,7 +206,7 @@ impl PairList {
         self.pairs = pairs;
     }
 
-    fn of(&self, target: usize) -> impl ExactSizeIterator<Item = u32> + '_ {
+    fn of(&self, target: usize) -> impl ExactSizeIterator<Item = u32> + Clone + '_ {
         self.pairs[self.offsets[target] as usize..self.offsets[target + 1] as usize]
             .iter()
             .map(|&p| unpack(p).1)
@@ -238,6 +238,8 @@ pub struct FmmSolver {
     p2p: PairList,
     acc: Vec<[f64; 3]>,
     pot: Vec<f64>,
+    /// The own particles as other ranks receive them (empty unless they are quantised).
+    wire_positions: Vec<[f64; 3]>,
 }
 
 impl FmmSolver {
@@ -258,6 +260,7 @@ impl FmmSolver {
             ranks: 1,
             warnings: Vec::new(),
             tree: Tree::default(),
+            wire_positions: Vec::new(),
             multipoles: Vec::new(),
             locals: Vec::new(),
             m2l_buf: CappedBuffer::default(),
@@ -383,6 +386,13 @@ impl FmmSolver {
         self.upward(len);
         stats.seconds.upward += t0.elapsed().as_secs_f64();
 
+        // With the mixed-precision near field, positions travel quantised (the distributed
+        // driver's `WirePrecision::Single`); this rank's side of cross-rank near pairs then
+        // uses its particles' quantised positions too.
+        self.wire_positions.clear();
+        if remote.is_some() && self.settings.near_field == NearFieldPrecision::Mixed {
+            self.wire_positions = self.tree.wire_positions();
+        }
         let mut remote_roots = Vec::new();
         if let Some(source) = remote {
             let t0 = Instant::now();
@@ -709,10 +719,11 @@ impl FmmSolver {
     /// Adds the near field; returns the particle interactions evaluated.
     fn p2p_pass(&mut self) -> u64 {
         let (tree, list, near) = (&self.tree, &self.p2p, &self.near);
+        let wire = (!self.wire_positions.is_empty()).then_some(self.wire_positions.as_slice());
         Self::leaf_slices(tree, &mut self.acc, &mut self.pot)
             .into_par_iter()
             .map_init(NearScratch::default, |scratch, (leaf, acc, pot)| {
-                near.leaf(tree, leaf, list.of(leaf as usize), scratch, acc, pot);
+                near.leaf(tree, leaf, list.of(leaf as usize), wire, scratch, acc, pot);
                 let n = tree.cells[leaf as usize].count() as u64;
                 list.of(leaf as usize)
                     .map(|s| n * tree.cells[s as usize].count() as u64)

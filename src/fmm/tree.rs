@@ -9,9 +9,10 @@ use rayon::prelude::*;
 /// One octree cell.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Cell {
-    /// Expansion centre: the centre of mass.
+    /// Expansion centre: the centre of mass, rounded to the nearest f32.
     pub centre: [f64; 3],
-    /// Largest distance of any of its particles from `centre` (a rigorous bounding sphere).
+    /// Largest distance of any of its particles from `centre`, rounded up to an f32 (a
+    /// rigorous bounding sphere).
     pub r_max: f64,
     /// Total mass.
     pub mass: f64,
@@ -240,12 +241,28 @@ impl Tree {
         cell_base
     }
 
+    /// The own particles' positions (sorted order) as other ranks receive them
+    /// (`quantise_position` in their leaf). A rank uses these, not the exact ones, for its
+    /// side of every near pair with another rank's particles, so that each such pair is the
+    /// mirror image of the pair on the other rank and momentum stays conserved.
+    pub fn wire_positions(&self) -> Vec<[f64; 3]> {
+        let mut out = vec![[0.0; 3]; self.own_particles];
+        for &leaf in &self.leaves {
+            let c = &self.cells[leaf as usize];
+            for i in c.begin as usize..c.end as usize {
+                let q = quantise_position(self.pos[i], c.centre, c.r_max);
+                out[i] = dequantise_position(q, c.centre, c.r_max);
+            }
+        }
+        out
+    }
+
     /// Number of levels.
     pub fn depth(&self) -> usize {
         self.level_start.len() - 1
     }
 
-    /// Fills mass, centre of mass and exact r_max of every cell, deepest level first.
+    /// Fills mass, centre of mass and bounding r_max of every cell, deepest level first.
     pub fn compute_moments(&mut self) {
         for level in (0..self.depth()).rev() {
             let (lo, hi) = (self.level_start[level], self.level_start[level + 1]);
@@ -278,7 +295,9 @@ impl Tree {
                     (m, s)
                 };
                 cell.mass = m;
-                cell.centre = [c[0] / m, c[1] / m, c[2] / m];
+                // Geometry in f32-representable values: other ranks receive it in f32 and
+                // must see the same bits as the owner (their walks decide alike on it).
+                cell.centre = [c[0] / m, c[1] / m, c[2] / m].map(|v| f64::from(v as f32));
                 let mut r2: f64 = 0.0;
                 for x in &pos[b..e] {
                     let d = [
@@ -288,9 +307,48 @@ impl Tree {
                     ];
                     r2 = r2.max(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]);
                 }
-                cell.r_max = r2.sqrt();
+                cell.r_max = f32_at_least(r2.sqrt());
             });
         }
+    }
+}
+
+/// Bits of a position coordinate as other ranks receive it (sign included).
+pub const WIRE_POSITION_BITS: u32 = 24;
+
+/// Steps either side of a leaf's centre in a position coordinate as other ranks receive it.
+const WIRE_POSITION_STEPS: f64 = ((1 << (WIRE_POSITION_BITS - 1)) - 1) as f64;
+
+/// `position` (in a leaf with `centre` and `r_max`) as other ranks receive it: 24-bit
+/// offsets from the centre in units of `r_max / (2^23 - 1)` (every coordinate of a leaf's
+/// particle lies within `r_max` of its centre). `dequantise_position` gives the position
+/// they stand for, the same bits on every rank.
+pub fn quantise_position(position: [f64; 3], centre: [f64; 3], r_max: f64) -> [i32; 3] {
+    let step = r_max / WIRE_POSITION_STEPS;
+    std::array::from_fn(|k| {
+        if step > 0.0 {
+            ((position[k] - centre[k]) / step)
+                .round()
+                .clamp(-WIRE_POSITION_STEPS, WIRE_POSITION_STEPS) as i32
+        } else {
+            0
+        }
+    })
+}
+
+/// The position `quantise_position`'s offsets stand for.
+pub fn dequantise_position(q: [i32; 3], centre: [f64; 3], r_max: f64) -> [f64; 3] {
+    let step = r_max / WIRE_POSITION_STEPS;
+    std::array::from_fn(|k| centre[k] + f64::from(q[k]) * step)
+}
+
+/// The smallest f32-representable value not below `x` (a radius rounded up still bounds).
+fn f32_at_least(x: f64) -> f64 {
+    let y = x as f32;
+    if f64::from(y) < x {
+        f64::from(y.next_up())
+    } else {
+        f64::from(y)
     }
 }
 
