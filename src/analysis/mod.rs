@@ -1,5 +1,8 @@
-//! Measurements on particle sets: Lagrangian radii, disk profiles, bar strength. Used by the
-//! tests and validation of the galaxy models (and by `leapfmm analyze`, to come).
+//! Measurements on particle sets: Lagrangian radii, disk profiles, bar strength and pattern
+//! speed, surface-density maps. Used by `leapfmm analyze` and the validation tests.
 
 pub mod bar;
+pub mod maps;
+pub mod plot;
 pub mod profiles;
+pub mod report;

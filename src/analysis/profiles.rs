@@ -2,8 +2,8 @@
 
 use crate::particles::{Component, Particles};
 
-/// Radii (about the origin) enclosing the given mass fractions of `component`.
-pub fn lagrangian_radii(p: &Particles, component: Component, fractions: &[f64]) -> Vec<f64> {
+/// (spherical radius, mass) of the `component` particles, by increasing radius.
+fn by_radius(p: &Particles, component: Component) -> Vec<(f64, f64)> {
     let mut rm: Vec<(f64, f64)> = (0..p.len())
         .filter(|&i| p.component[i] == component)
         .map(|i| {
@@ -12,6 +12,12 @@ pub fn lagrangian_radii(p: &Particles, component: Component, fractions: &[f64]) 
         })
         .collect();
     rm.sort_by(|a, b| a.0.total_cmp(&b.0));
+    rm
+}
+
+/// Radii (about the origin) enclosing the given mass fractions of `component`.
+pub fn lagrangian_radii(p: &Particles, component: Component, fractions: &[f64]) -> Vec<f64> {
+    let rm = by_radius(p, component);
     let total: f64 = rm.iter().map(|x| x.1).sum();
     fractions
         .iter()
@@ -86,4 +92,86 @@ pub fn annulus(p: &Particles, component: Component, r0: f64, r1: f64) -> Annulus
         sigma_z: disp(2),
         scale_height: heights.get(heights.len() / 2).copied().unwrap_or(0.0) / 0.5f64.atanh(),
     }
+}
+
+/// One radial bin of a disk's profile.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProfileRow {
+    /// Bin centre (cylindrical radius).
+    pub radius: f64,
+    /// The disk's statistics in the annulus.
+    pub disk: Annulus,
+    /// Circular velocity of each component present (`Component::ALL` order, zero where
+    /// absent) from its mass within the sphere of this radius: sqrt(G M(<r) / r).
+    pub v_circ: [f64; 4],
+    /// Total circular velocity.
+    pub v_circ_total: f64,
+    /// Toomre Q of a stellar disk, σ_R κ / (3.36 G Σ), with κ from the total circular
+    /// velocity (zero where Σ is).
+    pub toomre_q: f64,
+}
+
+/// The profile of the `disk` component in `bins` annuli of equal width out to `r_max`, with
+/// every component's circular velocity (gravitational constant `g`).
+pub fn disk_profile(
+    p: &Particles,
+    disk: Component,
+    r_max: f64,
+    bins: usize,
+    g: f64,
+) -> Vec<ProfileRow> {
+    let width = r_max / bins as f64;
+    // Cumulative mass by spherical radius, per component.
+    let enclosed: Vec<Vec<(f64, f64)>> = Component::ALL
+        .iter()
+        .map(|&c| {
+            let mut rm = by_radius(p, c);
+            let mut acc = 0.0;
+            for e in &mut rm {
+                acc += e.1;
+                e.1 = acc;
+            }
+            rm
+        })
+        .collect();
+    let mass_within = |k: usize, r: f64| {
+        let rm = &enclosed[k];
+        let n = rm.partition_point(|e| e.0 < r);
+        if n == 0 { 0.0 } else { rm[n - 1].1 }
+    };
+    let mut rows: Vec<ProfileRow> = (0..bins)
+        .map(|b| {
+            let (r0, r1) = (b as f64 * width, (b + 1) as f64 * width);
+            let radius = 0.5 * (r0 + r1);
+            let v_circ: [f64; 4] =
+                std::array::from_fn(|k| (g * mass_within(k, radius) / radius).sqrt());
+            let v_circ_total = v_circ.iter().map(|v| v * v).sum::<f64>().sqrt();
+            ProfileRow {
+                radius,
+                disk: annulus(p, disk, r0, r1),
+                v_circ,
+                v_circ_total,
+                toomre_q: 0.0,
+            }
+        })
+        .collect();
+    // κ² = 2 (v/R²) d(R v)/dR, by central differences (one-sided at the ends).
+    let n = rows.len();
+    for b in 0..n {
+        let (lo, hi) = (b.saturating_sub(1), (b + 1).min(n - 1));
+        if lo == hi {
+            continue;
+        }
+        let rv = |k: usize| rows[k].radius * rows[k].v_circ_total;
+        let slope = (rv(hi) - rv(lo)) / (rows[hi].radius - rows[lo].radius);
+        let row = &rows[b];
+        let kappa2 = 2.0 * row.v_circ_total / (row.radius * row.radius) * slope;
+        let sigma = row.disk.surface_density;
+        rows[b].toomre_q = if sigma > 0.0 && kappa2 > 0.0 {
+            row.disk.sigma_r * kappa2.sqrt() / (3.36 * g * sigma)
+        } else {
+            0.0
+        };
+    }
+    rows
 }

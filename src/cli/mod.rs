@@ -1,5 +1,6 @@
 //! Argument parsing and dispatch; one file per subcommand.
 
+mod analyze;
 mod bench;
 mod forces;
 mod ics;
@@ -29,6 +30,9 @@ enum Command {
     Forces(forces::ForcesArgs),
     /// Force-solver benchmarks: cost and accuracy by size, and an accuracy–cost scan.
     Bench(bench::BenchArgs),
+    /// PNG plots and CSV tables of a run folder or a snapshot: conservation, surface-density
+    /// maps, radial profiles, bar strength and pattern speed, heating, Lagrangian radii.
+    Analyze(analyze::AnalyzeArgs),
 }
 
 /// Parses the arguments, runs the subcommand, and turns its result into an exit code:
@@ -80,6 +84,7 @@ fn dispatch(command: Command) -> anyhow::Result<ExitCode> {
         #[cfg(not(feature = "mpi"))]
         Command::Forces(args) => forces::execute(args).map(|()| ExitCode::SUCCESS),
         Command::Bench(args) => bench::execute(args).map(|()| ExitCode::SUCCESS),
+        Command::Analyze(args) => analyze::execute(args).map(|()| ExitCode::SUCCESS),
     }
 }
 
