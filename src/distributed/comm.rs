@@ -291,11 +291,26 @@ pub fn run_thread_ranks<T: Send, E: std::fmt::Display + Send>(
                         .num_threads(threads.max(1))
                         .build()
                         .map_err(|e| e.to_string())?;
-                    pool.install(|| work(comm)).map_err(|e| {
-                        let msg = e.to_string();
-                        comm.abort(&msg);
-                        msg
-                    })
+                    // A panic (a bug) on one rank must stop the others too, not leave them
+                    // waiting in a collective.
+                    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        pool.install(|| work(comm))
+                    }));
+                    let msg = match outcome {
+                        Ok(Ok(v)) => return Ok(v),
+                        Ok(Err(e)) => e.to_string(),
+                        Err(panic) => format!(
+                            "rank {} stopped on an internal error: {}",
+                            comm.rank(),
+                            panic
+                                .downcast_ref::<String>()
+                                .map(String::as_str)
+                                .or_else(|| panic.downcast_ref::<&str>().copied())
+                                .unwrap_or("panic")
+                        ),
+                    };
+                    comm.abort(&msg);
+                    Err(msg)
                 })
             })
             .collect();
@@ -322,6 +337,28 @@ pub fn run_thread_ranks<T: Send, E: std::fmt::Display + Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_rank_that_panics_stops_the_others_at_once() {
+        let start = std::time::Instant::now();
+        let out = run_thread_ranks(
+            2,
+            1,
+            Duration::from_secs(60),
+            |c: &ThreadRank| -> Result<u64, CommError> {
+                if c.rank() == 1 {
+                    panic!("bug on rank 1");
+                }
+                Ok(allreduce_sum(c, &[1])?[0])
+            },
+        );
+        let (_, msg) = out.unwrap_err();
+        assert!(msg.contains("bug on rank 1"), "{msg}");
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the other rank waited"
+        );
+    }
 
     #[test]
     fn collectives_on_thread_ranks() {

@@ -123,7 +123,8 @@ fn component_code(c: Component) -> u64 {
 /// Moves every particle (with its work) to the rank owning its key. Particles that stay
 /// keep their order (and their accelerations and potentials); the arrivals follow, by source
 /// rank, then in the source's order, with zero accelerations and potentials until the next
-/// evaluation: deterministic. Velocities travel only if present. Returns how many left.
+/// evaluation: deterministic. Velocities are kept when any rank has them. Returns how many
+/// left.
 pub fn migrate(
     comm: &dyn Communicator,
     domains: &Domains,
@@ -131,7 +132,9 @@ pub fn migrate(
     work: &mut Vec<f64>,
 ) -> Result<usize, CommError> {
     let me = comm.rank();
-    let has_vel = !p.vel.is_empty();
+    // Decided together: a rank that holds no particles (say, one that sampled none of the
+    // initial conditions) must still keep the velocities of those it receives.
+    let has_vel = allreduce_sum(comm, &[u64::from(!p.vel.is_empty())])?[0] > 0;
     let owners: Vec<usize> = p
         .pos
         .par_iter()
@@ -142,7 +145,7 @@ pub fn migrate(
         if owner != me {
             outgoing[owner].push(Record {
                 pos: p.pos[i],
-                vel: if has_vel { p.vel[i] } else { [0.0; 3] },
+                vel: p.vel.get(i).copied().unwrap_or([0.0; 3]),
                 mass: p.mass[i],
                 work: work.get(i).copied().unwrap_or(0.0),
                 id: p.id[i],
