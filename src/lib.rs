@@ -6,6 +6,7 @@
 
 pub mod analysis;
 pub mod bench;
+pub mod campaign;
 pub mod config;
 pub mod distributed;
 pub mod fmm;

@@ -1,7 +1,7 @@
 //! Progress reporting: an indicatif bar on a terminal, periodic log lines otherwise, and
 //! nothing with `--quiet`. Notes and warnings always go to stderr unless quiet.
 
-use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
@@ -41,12 +41,17 @@ pub struct Progress {
 }
 
 impl Progress {
-    /// A reporter for a run called `label` that ends at `t_end`.
-    pub fn new(label: &str, t_end: f64, quiet: bool) -> Self {
+    /// A reporter for a run called `label` that ends at `t_end`; with `group`, its bar
+    /// shows below the group's other bars (a campaign's overall bar).
+    pub fn new(label: &str, t_end: f64, quiet: bool, group: Option<&MultiProgress>) -> Self {
         let mode = if quiet {
             Mode::Quiet
         } else if std::io::stderr().is_terminal() {
             let bar = ProgressBar::with_draw_target(Some(BAR_STEPS), ProgressDrawTarget::stderr());
+            let bar = match group {
+                Some(g) => g.add(bar),
+                None => bar,
+            };
             let style =
                 ProgressStyle::with_template("{prefix} [{bar:30}] {percent:>3}% {msg} ETA {eta}")
                     .unwrap_or_else(|_| ProgressStyle::default_bar())
@@ -135,6 +140,60 @@ impl Progress {
     /// Removes the bar.
     pub fn finish(&self) {
         if let Mode::Bar(bar) = &self.mode {
+            bar.finish_and_clear();
+        }
+    }
+}
+
+/// A campaign's overall progress: runs done of all, as a bar above the current run's bar
+/// on a terminal, else as log lines.
+#[derive(Debug)]
+pub struct CampaignProgress {
+    bar: Option<ProgressBar>,
+    quiet: bool,
+    total: u64,
+}
+
+impl CampaignProgress {
+    /// Progress over `total` runs, its bar in `group`.
+    pub fn campaign(group: &MultiProgress, total: u64, quiet: bool) -> Self {
+        let bar = (!quiet && std::io::stderr().is_terminal()).then(|| {
+            let bar = group.add(ProgressBar::new(total));
+            let style = ProgressStyle::with_template("campaign [{bar:30}] {pos}/{len} runs {msg}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> ");
+            bar.set_style(style);
+            bar
+        });
+        CampaignProgress { bar, quiet, total }
+    }
+
+    /// `done` runs finished; `current` is the one under way.
+    pub fn set(&self, done: u64, current: &str) {
+        match &self.bar {
+            Some(bar) => {
+                bar.set_position(done);
+                bar.set_message(current.to_string());
+            }
+            None if !self.quiet && done < self.total => {
+                eprintln!("campaign: run {}/{}: {current}", done + 1, self.total)
+            }
+            None => {}
+        }
+    }
+
+    /// Prints a line (unless quiet) without disturbing the bars.
+    pub fn note(&self, message: &str) {
+        match &self.bar {
+            Some(bar) => bar.println(message),
+            None if !self.quiet => eprintln!("{message}"),
+            None => {}
+        }
+    }
+
+    /// Removes the bar.
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
             bar.finish_and_clear();
         }
     }

@@ -98,7 +98,7 @@ fn io_err(path: &Path, what: &'static str) -> impl FnOnce(std::io::Error) -> Run
 }
 
 /// How `run` was asked to behave.
-#[derive(Debug, Clone, Copy, Default)]
+#[derive(Debug, Clone, Default)]
 pub struct RunOptions {
     /// Continue from the newest valid checkpoint.
     pub resume: bool,
@@ -106,6 +106,8 @@ pub struct RunOptions {
     pub quiet: bool,
     /// Thread ranks to split the particles over (0 or 1: one).
     pub ranks: usize,
+    /// Progress bars shown together (a campaign's): the run's bar joins them.
+    pub group: Option<indicatif::MultiProgress>,
 }
 
 /// Collective waits of thread ranks give up after this long: a last resort, since a failing
@@ -323,7 +325,7 @@ pub fn run(spec: &RunSpec, options: RunOptions) -> Result<RunOutcome, RunError> 
     let threads = (rayon::current_num_threads() / ranks).max(1);
     let outcomes = run_thread_ranks(ranks, threads, RANK_TIMEOUT, |comm| {
         let solver = make_solver(&spec.config, component_softening(spec), comm.clone())?;
-        run_rank(spec, options, comm, solver, &signals)
+        run_rank(spec, options.clone(), comm, solver, &signals)
     })
     .map_err(|(rank, reason)| RunError::Rank {
         rank,
@@ -466,7 +468,12 @@ impl<'a> Simulation<'a> {
         };
         let ticks_of = |v: f64| whole_multiple(v, c.integrator.dt_max).map(Timeline::ticks);
         let ti_end = ticks_of(c.integrator.t_end).unwrap_or(0);
-        let progress = Progress::new(&c.name, c.integrator.t_end, options.quiet || rank != 0);
+        let progress = Progress::new(
+            &c.name,
+            c.integrator.t_end,
+            options.quiet || rank != 0,
+            options.group.as_ref(),
+        );
         for dir in [run_dir.clone(), snapshot_dir(run_dir), ckpt_dir.clone()] {
             std::fs::create_dir_all(&dir).map_err(io_err(&dir, "creating the run folder"))?;
         }

@@ -115,7 +115,7 @@ fn rotating_bar_amplitude_pattern_speed_and_plots() {
     let out = dir.path().join("analysis");
     let options = Options {
         r_max: Some(4.0 * RD),
-        bins: 20,
+        bins: Some(20),
         pixels: 64,
     };
     let report = analyze(dir.path(), &out, options).unwrap();
@@ -165,4 +165,44 @@ fn rotating_bar_amplitude_pattern_speed_and_plots() {
             / n;
         assert!(var > 100.0, "{name} is nearly blank (pixel variance {var})");
     }
+}
+
+#[test]
+fn a_multi_file_run_is_analysed_snapshot_by_snapshot() {
+    use std::process::Command;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = format!(
+        "name = \"two\"\noutput_dir = \"runs\"\nseed = 3\nunits = \"nbody\"\n[ics]\nmodel = \"{}\"\nn = 2000\n[gravity]\nsolver = \"fmm\"\nsoftening = 0.05\n[integrator]\nt_end = 0.125\ndt_max = 0.03125\nfixed_step = true\n[output]\nsnapshot_interval = 0.0625\n",
+        Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("ics/plummer.toml")
+            .display()
+    );
+    std::fs::write(dir.path().join("two.toml"), cfg).unwrap();
+    let bin = env!("CARGO_BIN_EXE_leapfmm");
+    let run = Command::new(bin)
+        .current_dir(dir.path())
+        .args(["run", "two.toml", "--ranks", "2", "--quiet"])
+        .output()
+        .unwrap();
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let out = Command::new(bin)
+        .current_dir(dir.path())
+        .args(["analyze", "runs/two"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let analysis = dir.path().join("runs/two/analysis");
+    let evolution = std::fs::read_to_string(analysis.join("evolution.csv")).unwrap();
+    // Snapshots at t = 0, 0.0625, 0.125, each a two-file set (snapdir_NNN).
+    assert_eq!(evolution.lines().count(), 4, "{evolution}");
+    assert!(analysis.join("conservation.png").is_file());
+    assert!(analysis.join("lagrangian.png").is_file());
 }

@@ -342,3 +342,31 @@ fn non_finite_values_in_an_ic_file_are_rejected_by_name() {
         );
     }
 }
+
+#[test]
+fn analyze_reads_another_codes_file_with_masstable_masses() {
+    let dir = tempfile::tempdir().unwrap();
+    let ic = dir.path().join("foreign.hdf5");
+    {
+        let _guard = hdf5_lock();
+        write_foreign_ic(&ic, 3.085678e21, None);
+    }
+    let out = run_in(dir.path(), &["analyze", ic.to_str().unwrap(), "-o", "an"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The disk (PartType2, 100 particles) is analysed; the halo's MassTable masses count in
+    // the circular velocity.
+    let profile = std::fs::read_to_string(dir.path().join("an/profile_000.csv")).unwrap();
+    let rows: Vec<Vec<f64>> = profile
+        .lines()
+        .skip(1)
+        .map(|l| l.split(',').map(|v| v.parse().unwrap()).collect())
+        .collect();
+    let disk_count: f64 = rows.iter().map(|r| r[1]).sum();
+    assert!(disk_count > 50.0 && disk_count <= 100.0, "{disk_count}");
+    assert!(rows.iter().any(|r| r[8] > 0.0), "no halo circular velocity");
+    assert!(dir.path().join("an/faceon_000.png").is_file());
+}

@@ -155,10 +155,12 @@ pub fn disk_profile(
             }
         })
         .collect();
-    // κ² = 2 (v/R²) d(R v)/dR, by central differences (one-sided at the ends).
+    // κ² = 2 (v/R²) d(R v)/dR, by central differences over ±1/20 of the bins (at least
+    // one; one-sided at the ends): adjacent bins' particle noise would dominate the slope.
     let n = rows.len();
+    let reach = (n / 20).max(1);
     for b in 0..n {
-        let (lo, hi) = (b.saturating_sub(1), (b + 1).min(n - 1));
+        let (lo, hi) = (b.saturating_sub(reach), (b + reach).min(n - 1));
         if lo == hi {
             continue;
         }

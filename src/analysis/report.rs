@@ -40,8 +40,8 @@ pub struct Options {
     /// Outer radius of the profiles and half width of the maps (default: 1.5x the disk's
     /// 90% Lagrangian radius in the first snapshot).
     pub r_max: Option<f64>,
-    /// Radial bins of the profiles.
-    pub bins: usize,
+    /// Radial bins of the profiles (default: ~400 disk particles per bin, 10 to 40 bins).
+    pub bins: Option<usize>,
     /// Pixels per side of the maps.
     pub pixels: usize,
 }
@@ -50,7 +50,7 @@ impl Default for Options {
     fn default() -> Self {
         Options {
             r_max: None,
-            bins: 40,
+            bins: None,
             pixels: 200,
         }
     }
@@ -148,6 +148,22 @@ impl Units {
             None => ("t [time units]", 1.0),
         }
     }
+
+    /// "t = 300.2 Myr" (or in code units).
+    fn when(&self, t: f64) -> String {
+        match self.myr {
+            Some(m) => format!("t = {:.1} Myr", t * m),
+            None => format!("t = {t:.4}"),
+        }
+    }
+
+    fn surface_density(&self) -> &'static str {
+        if self.galactic {
+            "log10 Σ [1e10 Msun / kpc²]"
+        } else {
+            "log10 Σ [mass / length²]"
+        }
+    }
 }
 
 /// The disk of a snapshot: its disk particles, or the first component present otherwise.
@@ -198,10 +214,6 @@ pub fn analyze(input: &Path, output: &Path, options: Options) -> Result<Report, 
         reason: e.to_string(),
     })?;
     let mut report = Report::default();
-    let diagnostics = input.join("diagnostics.csv");
-    if input.is_dir() && diagnostics.is_file() {
-        conservation(&diagnostics, output, &mut report)?;
-    }
     let mut evolution = Evolution::default();
     let mut reference: Option<(f64, f64)> = None;
     for (k, path) in snapshots.iter().enumerate() {
@@ -220,6 +232,11 @@ pub fn analyze(input: &Path, output: &Path, options: Options) -> Result<Report, 
         evolution.add(&data, disk, r_max, r_half);
     }
     evolution.write(output, &mut report)?;
+    let diagnostics = input.join("diagnostics.csv");
+    if input.is_dir() && diagnostics.is_file() {
+        let units = evolution.units.unwrap_or(Units::of(None));
+        conservation(&diagnostics, units, output, &mut report)?;
+    }
     report.snapshots = snapshots;
     Ok(report)
 }
@@ -236,8 +253,7 @@ fn one_snapshot(
 ) -> Result<(), AnalyzeError> {
     let p = &data.particles;
     let units = Units::of(data.units);
-    let (time_label, to_time) = units.time();
-    let when = format!("{} = {:.4}", &time_label[..1], data.time * to_time);
+    let when = units.when(data.time);
     let len = units.length();
     for (view, name, y) in [(View::FaceOn, "faceon", "y"), (View::EdgeOn, "edgeon", "z")] {
         let map = surface_density(p, disk, view, r_max, options.pixels);
@@ -248,11 +264,13 @@ fn one_snapshot(
             &map,
             &format!("x [{len}]"),
             &format!("{y} [{len}]"),
-            "log10 Σ [mass / length²]",
+            units.surface_density(),
         )?;
         report.files.push(path);
     }
-    let rows = disk_profile(p, disk, r_max, options.bins, units.g);
+    let disk_count = p.component.iter().filter(|&&c| c == disk).count();
+    let bins = options.bins.unwrap_or((disk_count / 400).clamp(10, 40));
+    let rows = disk_profile(p, disk, r_max, bins, units.g);
     let mut csv = String::from(
         "radius,count,surface_density,mean_vphi,sigma_r,sigma_phi,sigma_z,scale_height,vc_halo,vc_disk,vc_bulge,vc_other,vc_total,toomre_q\n",
     );
@@ -294,7 +312,7 @@ fn one_snapshot(
         (
             "sigma",
             format!("{disk:?} surface density, {when}"),
-            "log10 Σ [mass / length²]".into(),
+            units.surface_density().into(),
             vec![series("Σ(R)", &|r| r.disk.surface_density.log10())],
         ),
         (
@@ -470,7 +488,13 @@ impl Evolution {
 }
 
 /// ΔE/E, ΔLz/Lz and the virial ratio against time from a run's diagnostics.csv.
-fn conservation(path: &Path, output: &Path, report: &mut Report) -> Result<(), AnalyzeError> {
+fn conservation(
+    path: &Path,
+    units: Units,
+    output: &Path,
+    report: &mut Report,
+) -> Result<(), AnalyzeError> {
+    let (time_label, to_time) = units.time();
     let bad = |reason: String| AnalyzeError::File {
         path: path.to_path_buf(),
         reason,
@@ -501,12 +525,12 @@ fn conservation(path: &Path, output: &Path, report: &mut Report) -> Result<(), A
         return Ok(());
     };
     let lz0 = if first[2] != 0.0 { first[2] } else { 1.0 };
-    let pts = |f: &dyn Fn(&[f64; 4]) -> f64| rows.iter().map(|r| (r[0], f(r))).collect();
+    let pts = |f: &dyn Fn(&[f64; 4]) -> f64| rows.iter().map(|r| (r[0] * to_time, f(r))).collect();
     let out = output.join("conservation.png");
     line_chart(
         &out,
         "Conservation (diagnostics.csv)",
-        "t [time units]",
+        time_label,
         "relative change",
         &[
             Series {
@@ -524,7 +548,7 @@ fn conservation(path: &Path, output: &Path, report: &mut Report) -> Result<(), A
     line_chart(
         &out,
         "Virial ratio 2K/|W| (diagnostics.csv)",
-        "t [time units]",
+        time_label,
         "2K/|W|",
         &[Series {
             name: "2K/|W|".into(),

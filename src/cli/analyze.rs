@@ -20,9 +20,9 @@ pub struct AnalyzeArgs {
     /// unit (default: 1.5x the disk's 90% Lagrangian radius in the first snapshot).
     #[arg(long, value_parser = positive)]
     r_max: Option<f64>,
-    /// Radial bins of the profiles.
-    #[arg(long, default_value_t = 40, value_parser = clap::value_parser!(u32).range(2..=10_000).map(|v| v as usize))]
-    bins: usize,
+    /// Radial bins of the profiles (default: ~400 disk particles per bin, 10 to 40 bins).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..=10_000).map(|v| v as usize))]
+    bins: Option<usize>,
     /// Pixels per side of the surface-density maps.
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(8..=2000).map(|v| v as usize))]
     pixels: usize,

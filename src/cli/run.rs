@@ -2,6 +2,7 @@
 
 use anyhow::Result;
 use clap::Args;
+use leapfmm::campaign::{Campaign, CampaignOptions, RunStatus, is_campaign, run_campaign};
 use leapfmm::config::RunSpec;
 use leapfmm::simulation::{self, RunOptions, RunOutcome};
 use std::path::PathBuf;
@@ -12,9 +13,10 @@ use {leapfmm::distributed::comm::Communicator, leapfmm::distributed::mpi_rank::M
 /// Arguments of `leapfmm run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Run config (TOML).
+    /// Run config (TOML), or a campaign file (a `[base]` run with `[sweep]` or `[[runs]]`).
     config: PathBuf,
-    /// Continue from the newest valid checkpoint (starts afresh if there is none).
+    /// Continue from the newest valid checkpoint (starts afresh if there is none). A
+    /// campaign always continues its runs.
     #[arg(long)]
     resume: bool,
     /// No progress bar or log lines (warnings and errors still print).
@@ -29,11 +31,23 @@ pub struct RunArgs {
 
 /// Validates the config, runs, and reports how the run ended.
 pub fn execute(args: RunArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) -> Result<ExitCode> {
+    let text = std::fs::read_to_string(&args.config).unwrap_or_default();
+    if is_campaign(&text) {
+        #[cfg(feature = "mpi")]
+        if mpi.is_some() {
+            anyhow::bail!(
+                "{}: a campaign runs in one process; start it without mpirun (use --ranks K)",
+                args.config.display()
+            );
+        }
+        return campaign(&args);
+    }
     let spec = RunSpec::load(&args.config)?;
     let options = RunOptions {
         resume: args.resume,
         quiet: args.quiet,
         ranks: args.ranks as usize,
+        group: None,
     };
     #[cfg(feature = "mpi")]
     if let Some(comm) = mpi {
@@ -48,6 +62,66 @@ pub fn execute(args: RunArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) -> 
     }
     let outcome = simulation::run(&spec, options)?;
     Ok(exit_code(&spec, outcome, args.quiet))
+}
+
+/// Runs a campaign and reports on every run: exit 0 when all are complete, 1 when one
+/// failed or was rejected, 128+N when signal N stopped it.
+fn campaign(args: &RunArgs) -> Result<ExitCode> {
+    let campaign = Campaign::load(&args.config)?;
+    let rejected: Vec<_> = campaign
+        .runs
+        .iter()
+        .filter_map(|r| r.spec.as_ref().err().map(|e| (&r.name, e)))
+        .collect();
+    if !args.quiet {
+        eprintln!(
+            "campaign {}: {} runs in {}",
+            campaign.name,
+            campaign.runs.len(),
+            campaign.dir.display()
+        );
+    }
+    for (name, reason) in &rejected {
+        eprintln!("campaign {}: run {name} rejected: {reason}", campaign.name);
+    }
+    let options = CampaignOptions {
+        quiet: args.quiet,
+        ranks: args.ranks as usize,
+    };
+    let (statuses, signal) = run_campaign(&campaign, &options)?;
+    let count = |w: &str| statuses.iter().filter(|s| s.word() == w).count();
+    let words = [
+        "finished",
+        "resumed",
+        "skipped",
+        "failed",
+        "invalid",
+        "interrupted",
+        "not run",
+    ];
+    let tally: Vec<String> = words
+        .iter()
+        .filter(|w| count(w) > 0)
+        .map(|w| format!("{} {w}", count(w)))
+        .collect();
+    if !args.quiet {
+        eprintln!(
+            "campaign {}: {}; summary in {}",
+            campaign.name,
+            tally.join(", "),
+            campaign.dir.join("summary.md").display()
+        );
+    }
+    for (run, status) in campaign.runs.iter().zip(&statuses) {
+        if let RunStatus::Failed(reason) = status {
+            eprintln!("  {} failed: {reason}", run.name);
+        }
+    }
+    Ok(match signal {
+        Some(s) => ExitCode::from((128 + s).clamp(0, 255) as u8),
+        None if statuses.iter().all(RunStatus::complete) => ExitCode::SUCCESS,
+        None => ExitCode::FAILURE,
+    })
 }
 
 /// Reports how the run ended and picks the exit code.
