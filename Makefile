@@ -4,7 +4,7 @@
 CARGO ?= cargo
 CONFIG ?= configs/quickstart.toml
 
-.PHONY: deps deps-mpi build run test test-mpi lint bench
+.PHONY: deps deps-mpi build run test test-mpi kernels-check lint bench
 
 deps:
 	@scripts/install-deps.sh
@@ -34,6 +34,13 @@ test-mpi: deps-mpi
 	else \
 		$(CARGO) test --release --features mpi --test mpi --no-fail-fast; \
 	fi
+
+# Every kernels/*.cu compiles with NVRTC for sm_80 and sm_90 (no GPU needed): libnvrtc from
+# the nvidia-cuda-nvrtc-cu12 wheel in a local virtual environment.
+kernels-check:
+	@python3 -m venv .nvrtc-venv 2>/dev/null || { scripts/install-deps.sh venv && python3 -m venv .nvrtc-venv; }
+	@.nvrtc-venv/bin/pip install -q --disable-pip-version-check nvidia-cuda-nvrtc-cu12
+	@.nvrtc-venv/bin/python scripts/nvrtc-check.py
 
 lint: deps
 	$(CARGO) fmt --check

@@ -2,12 +2,15 @@
 # Installs the system packages leapfmm needs to build, only those that are missing.
 # As root on Debian/Ubuntu it uses apt-get; otherwise it prints what to install.
 # `install-deps.sh mpi` adds what the `mpi` feature needs (an MPI library, mpirun, and
-# libclang for rsmpi's bindings).
+# libclang for rsmpi's bindings); `install-deps.sh venv` Python's venv module (for the
+# NVRTC kernel check). g++ (C++20) builds the CPU emulation of the CUDA kernels in the tests.
 set -euo pipefail
 
-packages=(libhdf5-dev pkg-config)
+packages=(libhdf5-dev pkg-config g++)
 if [ "${1:-}" = "mpi" ]; then
     packages+=(libopenmpi-dev openmpi-bin libclang-dev)
+elif [ "${1:-}" = "venv" ]; then
+    packages=(python3-venv)
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -1,0 +1,62 @@
+// A CPU emulation of the CUDA execution model, enough to run leapfmm's kernels as C++ (the
+// CI check without a GPU): every block runs its threads as real threads, `__shared__`
+// variables are shared by them (blocks run one after another), and `__syncthreads` is a
+// barrier among the block's threads. Index variables are thread-local.
+#pragma once
+#include <algorithm>
+#include <barrier>
+#include <cmath>
+#include <thread>
+#include <vector>
+
+struct uint3 {
+    unsigned x, y, z;
+};
+
+struct dim3 {
+    unsigned x, y, z;
+    dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+
+namespace emu {
+inline thread_local uint3 thread_idx{0, 0, 0};
+inline thread_local uint3 block_idx{0, 0, 0};
+inline dim3 block_dim;
+inline dim3 grid_dim;
+inline std::barrier<>* block_barrier = nullptr;
+}  // namespace emu
+
+#define threadIdx (emu::thread_idx)
+#define blockIdx (emu::block_idx)
+#define blockDim (emu::block_dim)
+#define gridDim (emu::grid_dim)
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __shared__ static
+
+inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+using std::min;
+
+// Runs `kernel<<<grid, block>>>(args...)` (1-D grids and blocks).
+template <class... P, class... A>
+void launch(unsigned grid, unsigned block, void (*kernel)(P...), A... args) {
+    emu::grid_dim = dim3(grid);
+    emu::block_dim = dim3(block);
+    for (unsigned b = 0; b < grid; ++b) {
+        std::barrier<> barrier(block);
+        emu::block_barrier = &barrier;
+        std::vector<std::thread> threads;
+        threads.reserve(block);
+        for (unsigned t = 0; t < block; ++t) {
+            threads.emplace_back([=] {
+                emu::thread_idx = uint3{t, 0, 0};
+                emu::block_idx = uint3{b, 0, 0};
+                kernel(args...);
+            });
+        }
+        for (auto& th : threads) th.join();
+    }
+}

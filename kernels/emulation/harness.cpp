@@ -1,0 +1,100 @@
+// Runs leapfmm's kernels under the CPU emulation (cuda_shim.h) on inputs written by
+// tests/gpu_kernels.rs, and writes their outputs back:
+//   harness p2p IN OUT        IN: counts, parameters and arrays of a P2P launch; OUT: acc, pot
+//   harness integrate IN OUT  IN: n, dt, block, pos, vel, acc; OUT: vel after kick, pos after drift
+#include "cuda_shim.h"
+#include "../p2p.cu"
+#include "../integrate.cu"
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace {
+
+struct Reader {
+    std::vector<char> bytes;
+    size_t at = 0;
+    template <class T>
+    T one() {
+        T v;
+        std::memcpy(&v, bytes.data() + at, sizeof(T));
+        at += sizeof(T);
+        return v;
+    }
+    template <class T>
+    std::vector<T> many(size_t n) {
+        std::vector<T> v(n);
+        if (n) std::memcpy(v.data(), bytes.data() + at, n * sizeof(T));
+        at += n * sizeof(T);
+        return v;
+    }
+};
+
+std::vector<char> slurp(const char* path) {
+    std::vector<char> out;
+    FILE* f = std::fopen(path, "rb");
+    if (!f) return out;
+    char buf[65536];
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.insert(out.end(), buf, buf + n);
+    std::fclose(f);
+    return out;
+}
+
+template <class T>
+void put(FILE* f, const std::vector<T>& v) {
+    std::fwrite(v.data(), sizeof(T), v.size(), f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc != 4) {
+        std::fprintf(stderr, "usage: harness p2p|integrate IN OUT\n");
+        return 2;
+    }
+    Reader in{slurp(argv[2])};
+    if (in.bytes.empty()) {
+        std::fprintf(stderr, "harness: cannot read %s\n", argv[2]);
+        return 1;
+    }
+    FILE* out = std::fopen(argv[3], "wb");
+    if (!out) return 1;
+    std::string mode = argv[1];
+    if (mode == "p2p") {
+        auto n = in.one<uint32_t>(), leaves = in.one<uint32_t>(), targets = in.one<uint32_t>();
+        auto list_len = in.one<uint32_t>();
+        auto kernel = in.one<int32_t>();
+        auto block = in.one<uint32_t>();
+        auto eps2 = in.one<float>(), h = in.one<float>();
+        auto g = in.one<double>();
+        auto pos = in.many<double>(3 * n);
+        auto mass = in.many<double>(n);
+        auto begin = in.many<uint32_t>(leaves), end = in.many<uint32_t>(leaves);
+        auto centre = in.many<double>(3 * leaves);
+        auto target = in.many<uint32_t>(targets);
+        auto offsets = in.many<uint32_t>(targets + 1);
+        auto list = in.many<uint32_t>(list_len);
+        std::vector<double> acc(3 * n, 0.0), pot(n, 0.0);
+        launch(targets, block, p2p_leaves, pos.data(), mass.data(), begin.data(), end.data(),
+               centre.data(), target.data(), offsets.data(), list.data(), (int)kernel, eps2, h, g,
+               acc.data(), pot.data());
+        put(out, acc);
+        put(out, pot);
+    } else if (mode == "integrate") {
+        auto n = in.one<uint32_t>(), block = in.one<uint32_t>();
+        auto dt = in.one<double>();
+        auto pos = in.many<double>(3 * n), vel = in.many<double>(3 * n), acc = in.many<double>(3 * n);
+        unsigned grid = (n + block - 1) / block;
+        launch(grid, block, kick, vel.data(), (const double*)acc.data(), dt, (unsigned)n);
+        launch(grid, block, drift, pos.data(), (const double*)vel.data(), dt, (unsigned)n);
+        put(out, vel);
+        put(out, pos);
+    } else {
+        std::fprintf(stderr, "harness: unknown mode %s\n", argv[1]);
+        return 2;
+    }
+    std::fclose(out);
+    return 0;
+}

@@ -1,0 +1,95 @@
+// Near field (P2P): one block per target leaf. Source leaves of the target's P2P list are
+// staged tile by tile in shared memory, relative to the target leaf's centre in f32 (the
+// mixed-precision near field of design §5.7); each thread owns targets threadIdx.x,
+// threadIdx.x + blockDim.x, ... (leaves may be larger than a block), sums one tile in f32
+// and adds the tile's sum into f64 accumulators: a fixed order, so the results are the same
+// bits on every run (no atomics). Zero separations (a particle with itself) are skipped.
+#include "common.cuh"
+
+// Largest block: the shared tile holds one source per thread.
+#define P2P_MAX_BLOCK 256
+
+extern "C" __global__ void p2p_leaves(
+    const double* __restrict__ pos,        // 3 per particle, sorted by leaf
+    const double* __restrict__ mass,       // per particle
+    const unsigned* __restrict__ leaf_begin,  // per leaf: first particle
+    const unsigned* __restrict__ leaf_end,    // per leaf: one past the last
+    const double* __restrict__ leaf_centre,   // 3 per leaf
+    const unsigned* __restrict__ targets,     // the target leaves, one per block
+    const unsigned* __restrict__ list_offsets,  // per block: its sources in `list`
+    const unsigned* __restrict__ list,          // source leaves
+    int kernel, float eps2, float h, double g,
+    double* __restrict__ acc,   // 3 per particle (+=)
+    double* __restrict__ pot)   // per particle (+=)
+{
+    __shared__ float tile_x[P2P_MAX_BLOCK];
+    __shared__ float tile_y[P2P_MAX_BLOCK];
+    __shared__ float tile_z[P2P_MAX_BLOCK];
+    __shared__ float tile_m[P2P_MAX_BLOCK];
+
+    const unsigned leaf = targets[blockIdx.x];
+    const unsigned t_begin = leaf_begin[leaf];
+    const unsigned t_end = leaf_end[leaf];
+    const double cx = leaf_centre[3 * leaf];
+    const double cy = leaf_centre[3 * leaf + 1];
+    const double cz = leaf_centre[3 * leaf + 2];
+    const unsigned width = blockDim.x;
+
+    // Targets in rounds of one per thread; every thread takes part in every tile load.
+    for (unsigned round = t_begin; round < t_end; round += width) {
+        const unsigned i = round + threadIdx.x;
+        const bool active = i < t_end;
+        float xi = 0.0f, yi = 0.0f, zi = 0.0f;
+        if (active) {
+            xi = (float)(pos[3 * i] - cx);
+            yi = (float)(pos[3 * i + 1] - cy);
+            zi = (float)(pos[3 * i + 2] - cz);
+        }
+        double ax = 0.0, ay = 0.0, az = 0.0, ph = 0.0;
+        for (unsigned s = list_offsets[blockIdx.x]; s < list_offsets[blockIdx.x + 1]; ++s) {
+            const unsigned src = list[s];
+            const unsigned s_begin = leaf_begin[src];
+            const unsigned s_end = leaf_end[src];
+            for (unsigned base = s_begin; base < s_end; base += width) {
+                const unsigned j = base + threadIdx.x;
+                __syncthreads();
+                if (j < s_end) {
+                    tile_x[threadIdx.x] = (float)(pos[3 * j] - cx);
+                    tile_y[threadIdx.x] = (float)(pos[3 * j + 1] - cy);
+                    tile_z[threadIdx.x] = (float)(pos[3 * j + 2] - cz);
+                    tile_m[threadIdx.x] = (float)mass[j];
+                }
+                __syncthreads();
+                const unsigned n = min(width, s_end - base);
+                if (active) {
+                    float sx = 0.0f, sy = 0.0f, sz = 0.0f, sp = 0.0f;
+                    for (unsigned k = 0; k < n; ++k) {
+                        const float dx = tile_x[k] - xi;
+                        const float dy = tile_y[k] - yi;
+                        const float dz = tile_z[k] - zi;
+                        const float r2 = dx * dx + dy * dy + dz * dz;
+                        if (r2 > 0.0f) {
+                            float f, p;
+                            pair_factors(kernel, r2, eps2, h, &f, &p);
+                            const float mf = tile_m[k] * f;
+                            sx += mf * dx;
+                            sy += mf * dy;
+                            sz += mf * dz;
+                            sp += tile_m[k] * p;
+                        }
+                    }
+                    ax += sx;
+                    ay += sy;
+                    az += sz;
+                    ph += sp;
+                }
+            }
+        }
+        if (active) {
+            acc[3 * i] += g * ax;
+            acc[3 * i + 1] += g * ay;
+            acc[3 * i + 2] += g * az;
+            pot[i] -= g * ph;
+        }
+    }
+}

@@ -1,0 +1,85 @@
+#!/usr/bin/env python3
+"""Compiles every kernels/*.cu with NVRTC for sm_80 and sm_90 (CI's check that the GPU
+kernels build, on a machine without a GPU). Needs libnvrtc, e.g. from the PyPI wheel:
+
+    python3 -m venv .nvrtc && .nvrtc/bin/pip install nvidia-cuda-nvrtc-cu12
+    .nvrtc/bin/python scripts/nvrtc-check.py
+
+The library is looked up in the wheel's folder of the running Python, then by name
+(LD_LIBRARY_PATH). Exits 1, with NVRTC's log, if any kernel does not compile.
+"""
+
+import ctypes
+import glob
+import os
+import sys
+import sysconfig
+
+ARCHS = ["sm_80", "sm_90"]
+
+
+def load_nvrtc():
+    site = sysconfig.get_paths()["purelib"]
+    candidates = glob.glob(os.path.join(site, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.*"))
+    candidates = [c for c in candidates if "builtins" not in c and ".alt." not in c]
+    for name in candidates + ["libnvrtc.so.12", "libnvrtc.so"]:
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    sys.exit("nvrtc-check: libnvrtc not found (pip install nvidia-cuda-nvrtc-cu12)")
+
+
+def check(lib, call, what):
+    if call != 0:
+        lib.nvrtcGetErrorString.restype = ctypes.c_char_p
+        raise RuntimeError(f"{what}: {lib.nvrtcGetErrorString(call).decode()}")
+
+
+def compile_one(lib, path, arch, include):
+    with open(path, "rb") as f:
+        source = f.read()
+    prog = ctypes.c_void_p()
+    status = lib.nvrtcCreateProgram(ctypes.byref(prog), source,
+                                    os.path.basename(path).encode(), 0, None, None)
+    check(lib, status, "nvrtcCreateProgram")
+    opts = [f"--gpu-architecture={arch}", f"--include-path={include}", "--std=c++17",
+            "-default-device"]
+    arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
+    status = lib.nvrtcCompileProgram(prog, len(opts), arr)
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    code = ctypes.c_size_t()
+    if status == 0:
+        lib.nvrtcGetCUBINSize(prog, ctypes.byref(code))
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return status, log.value.decode(errors="replace").strip(), code.value
+
+
+def main():
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels")
+    lib = load_nvrtc()
+    major, minor = ctypes.c_int(), ctypes.c_int()
+    lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
+    print(f"NVRTC {major.value}.{minor.value}")
+    sources = sorted(glob.glob(os.path.join(root, "*.cu")))
+    if not sources:
+        sys.exit("nvrtc-check: no kernels/*.cu")
+    failed = 0
+    for path in sources:
+        for arch in ARCHS:
+            status, log, cubin = compile_one(lib, path, arch, root)
+            name = os.path.basename(path)
+            if status != 0:
+                failed += 1
+                print(f"FAIL {name} for {arch}:\n{log}")
+            else:
+                print(f"ok   {name} for {arch} ({cubin} bytes of cubin)" + (f"\n{log}" if log else ""))
+    if failed:
+        sys.exit(f"nvrtc-check: {failed} kernel compilations failed")
+
+
+if __name__ == "__main__":
+    main()
