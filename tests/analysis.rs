@@ -2,6 +2,8 @@
 //! surface density, a sech² layer's scale height, a rigidly rotating bar's amplitude and
 //! pattern speed; and every plot a real, non-blank PNG of the expected size.
 
+mod common;
+
 use leapfmm::analysis::plot::{CHART_SIZE, MAP_SIZE};
 use leapfmm::analysis::profiles::{annulus, disk_profile};
 use leapfmm::analysis::report::{Options, analyze};
@@ -169,7 +171,6 @@ fn rotating_bar_amplitude_pattern_speed_and_plots() {
 
 #[test]
 fn a_multi_file_run_is_analysed_snapshot_by_snapshot() {
-    use std::process::Command;
     let dir = tempfile::tempdir().unwrap();
     let cfg = format!(
         "name = \"two\"\noutput_dir = \"runs\"\nseed = 3\nunits = \"nbody\"\n[ics]\nmodel = \"{}\"\nn = 2000\n[gravity]\nsolver = \"fmm\"\nsoftening = 0.05\n[integrator]\nt_end = 0.125\ndt_max = 0.03125\nfixed_step = true\n[output]\nsnapshot_interval = 0.0625\n",
@@ -178,27 +179,17 @@ fn a_multi_file_run_is_analysed_snapshot_by_snapshot() {
             .display()
     );
     std::fs::write(dir.path().join("two.toml"), cfg).unwrap();
-    let bin = env!("CARGO_BIN_EXE_leapfmm");
-    let run = Command::new(bin)
-        .current_dir(dir.path())
-        .args(["run", "two.toml", "--ranks", "2", "--quiet"])
-        .output()
-        .unwrap();
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let out = Command::new(bin)
-        .current_dir(dir.path())
-        .args(["analyze", "runs/two"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    for args in [
+        &["run", "two.toml", "--ranks", "2", "--quiet"][..],
+        &["analyze", "runs/two"][..],
+    ] {
+        let out = common::run_in(dir.path(), args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
     let analysis = dir.path().join("runs/two/analysis");
     let evolution = std::fs::read_to_string(analysis.join("evolution.csv")).unwrap();
     // Snapshots at t = 0, 0.0625, 0.125, each a two-file set (snapdir_NNN).

@@ -192,3 +192,175 @@ fn kick_and_drift_kernels_match_the_integrator_exactly() {
         assert_eq!(x_out[k].to_bits(), (pos[k] + v * dt).to_bits());
     }
 }
+
+fn u32_bytes(b: &mut Vec<u8>, v: &[u32]) {
+    v.iter().for_each(|x| b.extend(x.to_le_bytes()));
+}
+
+fn f64_bytes(b: &mut Vec<u8>, v: impl IntoIterator<Item = f64>) {
+    v.into_iter().for_each(|x| b.extend(x.to_le_bytes()));
+}
+
+#[test]
+fn p2m_kernel_matches_the_cpu_multipoles() {
+    use leapfmm::fmm::expansion::{real_len, regular};
+    let l = leaves(&[0, 1, 9, 70, 33], 21);
+    let p = 7usize;
+    let len = real_len(p);
+    let nl = l.begin.len();
+    let mut b = Vec::new();
+    u32_bytes(&mut b, &[l.pos.len() as u32, nl as u32, p as u32, 2]);
+    f64_bytes(&mut b, l.pos.iter().flatten().copied());
+    f64_bytes(&mut b, l.mass.iter().copied());
+    u32_bytes(&mut b, &l.begin);
+    u32_bytes(&mut b, &l.end);
+    f64_bytes(&mut b, l.centre.iter().flatten().copied());
+    let out = f64s(&run_harness("p2m", &b));
+    assert_eq!(out.len(), nl * len);
+    let mut r = vec![0.0; len];
+    for leaf in 0..nl {
+        let mut m = vec![0.0; len];
+        for i in l.begin[leaf] as usize..l.end[leaf] as usize {
+            let y: [f64; 3] = std::array::from_fn(|k| l.pos[i][k] - l.centre[leaf][k]);
+            regular(p, y, &mut r);
+            for c in 0..len / 2 {
+                m[2 * c] += l.mass[i] * r[2 * c];
+                m[2 * c + 1] -= l.mass[i] * r[2 * c + 1];
+            }
+        }
+        let scale = m.iter().fold(0.0f64, |a, v| a.max(v.abs())).max(1e-300);
+        for c in 0..len {
+            let got = out[leaf * len + c];
+            assert!(
+                (got - m[c]).abs() <= 1e-13 * scale,
+                "leaf {leaf} coefficient {c}: {got} vs {}",
+                m[c]
+            );
+        }
+    }
+}
+
+#[test]
+fn l2p_kernel_matches_the_cpu_local_evaluation() {
+    use leapfmm::fmm::expansion::{M2L_LANES, Operators, real_len};
+    let l = leaves(&[5, 17, 1, 40], 31);
+    let (p, g) = (7usize, 2.5);
+    let len = real_len(p);
+    let nl = l.begin.len();
+    let locals = random_expansions(nl, p, 8);
+    let leaf_of: Vec<u32> = (0..nl)
+        .flat_map(|leaf| (l.begin[leaf]..l.end[leaf]).map(move |_| leaf as u32))
+        .collect();
+    let mut b = Vec::new();
+    u32_bytes(&mut b, &[l.pos.len() as u32, nl as u32, p as u32, 16]);
+    f64_bytes(&mut b, [g]);
+    f64_bytes(&mut b, l.pos.iter().flatten().copied());
+    u32_bytes(&mut b, &leaf_of);
+    f64_bytes(&mut b, l.centre.iter().flatten().copied());
+    f64_bytes(&mut b, locals.iter().copied());
+    let out = f64s(&run_harness("l2p", &b));
+    let n = l.pos.len();
+    let (acc, pot) = out.split_at(3 * n);
+    let ops = Operators::new(p);
+    for (i, &leaf) in leaf_of.iter().enumerate() {
+        let leaf = leaf as usize;
+        let y: [f64; 3] = std::array::from_fn(|k| l.pos[i][k] - l.centre[leaf][k]);
+        let mut lanes = [[0.0; 3]; M2L_LANES];
+        lanes[0] = y;
+        let cpu = ops.l2p_batch(&lanes, &locals[leaf * len..(leaf + 1) * len])[0];
+        let want = [g * cpu[1], g * cpu[2], g * cpu[3], -g * cpu[0]];
+        let got = [acc[3 * i], acc[3 * i + 1], acc[3 * i + 2], pot[i]];
+        for k in 0..4 {
+            assert!(
+                (got[k] - want[k]).abs() <= 1e-12 * want[k].abs().max(1.0),
+                "particle {i} component {k}: {} vs {}",
+                got[k],
+                want[k]
+            );
+        }
+    }
+}
+
+/// Random expansion coefficients with the real-source symmetry (Im of m = 0 is zero).
+fn random_expansions(count: usize, p: usize, seed: u64) -> Vec<f64> {
+    let len = (p + 1) * (p + 2);
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(seed);
+    (0..count * len)
+        .map(|k| {
+            let c = (k % len) / 2;
+            let m0 = (0..=p).any(|n| n * (n + 1) / 2 == c);
+            if k % 2 == 1 && m0 {
+                0.0
+            } else {
+                rng.random_range(-1.0..1.0)
+            }
+        })
+        .collect()
+}
+
+/// A parent (cell 0) and three children (cells 1-3) around it.
+const FAMILY: [[f64; 3]; 4] = [
+    [1.0, -2.0, 0.5],
+    [1.3, -1.8, 0.4],
+    [0.7, -2.1, 0.9],
+    [1.1, -2.3, 0.2],
+];
+
+#[test]
+fn m2m_and_l2l_kernels_match_the_cpu_translations() {
+    use leapfmm::fmm::expansion::{l2l, m2m, real_len};
+    let p = 7usize;
+    let len = real_len(p);
+    let centres: Vec<f64> = FAMILY.iter().flatten().copied().collect();
+    let offset =
+        |a: usize, b: usize| -> [f64; 3] { std::array::from_fn(|k| FAMILY[a][k] - FAMILY[b][k]) };
+    let mut scratch = vec![0.0; len];
+    let close = |got: &[f64], want: &[f64], what: &str| {
+        let scale = want.iter().fold(0.0f64, |a, v| a.max(v.abs()));
+        for (c, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!(
+                (g - w).abs() <= 1e-13 * scale,
+                "{what} coefficient {c}: {g} vs {w}"
+            );
+        }
+    };
+
+    // M2M: the parent's multipole from its three children's.
+    let mut m = random_expansions(4, p, 3);
+    m[..len].fill(7.0); // overwritten by the kernel
+    let mut b = Vec::new();
+    u32_bytes(&mut b, &[4, 1, p as u32, 1]);
+    f64_bytes(&mut b, centres.iter().copied());
+    u32_bytes(&mut b, &[1, 0, 0, 0]); // first child
+    u32_bytes(&mut b, &[3, 0, 0, 0]); // child count
+    u32_bytes(&mut b, &[0]); // the parents of this level
+    f64_bytes(&mut b, m.iter().copied());
+    let out = f64s(&run_harness("m2m", &b));
+    let mut want = vec![0.0; len];
+    for ch in 1..4 {
+        m2m(
+            p,
+            offset(ch, 0),
+            &m[ch * len..(ch + 1) * len],
+            &mut want,
+            &mut scratch,
+        );
+    }
+    close(&out[..len], &want, "M2M");
+    assert_eq!(&out[len..], &m[len..], "children untouched");
+
+    // L2L: each child adds its parent's local translated to its centre.
+    let l = random_expansions(4, p, 4);
+    let mut b = Vec::new();
+    u32_bytes(&mut b, &[4, 3, p as u32, 2]);
+    f64_bytes(&mut b, centres.iter().copied());
+    u32_bytes(&mut b, &[0, 0, 0, 0]); // parent of each cell
+    u32_bytes(&mut b, &[1, 2, 3]); // the cells of this level
+    f64_bytes(&mut b, l.iter().copied());
+    let out = f64s(&run_harness("l2l", &b));
+    for ch in 1..4 {
+        let mut want = l[ch * len..(ch + 1) * len].to_vec();
+        l2l(p, offset(ch, 0), &l[..len], &mut want, &mut scratch);
+        close(&out[ch * len..(ch + 1) * len], &want, "L2L");
+    }
+}

@@ -38,6 +38,7 @@ inline std::barrier<>* block_barrier = nullptr;
 
 inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+using std::max;
 using std::min;
 
 // Runs `kernel<<<grid, block>>>(args...)` (1-D grids and blocks).

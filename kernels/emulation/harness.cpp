@@ -2,9 +2,16 @@
 // tests/gpu_kernels.rs, and writes their outputs back:
 //   harness p2p IN OUT        IN: counts, parameters and arrays of a P2P launch; OUT: acc, pot
 //   harness integrate IN OUT  IN: n, dt, block, pos, vel, acc; OUT: vel after kick, pos after drift
+//   harness p2m IN OUT        IN: n, leaves, p, block, pos, mass, leaf ranges and centres; OUT: multipoles
+//   harness l2p IN OUT        IN: n, leaves, p, block, g, pos, leaf_of, centres, locals; OUT: acc, pot
+//   harness m2m IN OUT        IN: cells, parents, p, block, centres, first_child, child_count,
+//                             parents, multipoles; OUT: multipoles
+//   harness l2l IN OUT        IN: cells, children, p, block, centres, parent, children, locals;
+//                             OUT: locals
 #include "cuda_shim.h"
 #include "../p2p.cu"
 #include "../integrate.cu"
+#include "../expansions.cu"
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -91,6 +98,53 @@ int main(int argc, char** argv) {
         launch(grid, block, drift, pos.data(), (const double*)vel.data(), dt, (unsigned)n);
         put(out, vel);
         put(out, pos);
+    } else if (mode == "p2m") {
+        auto n = in.one<uint32_t>(), leaves = in.one<uint32_t>(), p = in.one<uint32_t>();
+        auto block = in.one<uint32_t>();
+        auto pos = in.many<double>(3 * n);
+        auto mass = in.many<double>(n);
+        auto begin = in.many<uint32_t>(leaves), end = in.many<uint32_t>(leaves);
+        auto centre = in.many<double>(3 * leaves);
+        std::vector<double> multipoles((size_t)leaves * (p + 1) * (p + 2), -1.0);
+        launch((leaves + block - 1) / block, block, p2m_leaves, (const double*)pos.data(),
+               (const double*)mass.data(), (const unsigned*)begin.data(),
+               (const unsigned*)end.data(), (const double*)centre.data(), (unsigned)leaves,
+               (int)p, multipoles.data());
+        put(out, multipoles);
+    } else if (mode == "l2p") {
+        auto n = in.one<uint32_t>(), leaves = in.one<uint32_t>(), p = in.one<uint32_t>();
+        auto block = in.one<uint32_t>();
+        auto g = in.one<double>();
+        auto pos = in.many<double>(3 * n);
+        auto leaf_of = in.many<uint32_t>(n);
+        auto centre = in.many<double>(3 * leaves);
+        auto locals = in.many<double>((size_t)leaves * (p + 1) * (p + 2));
+        std::vector<double> acc(3 * n, 0.0), pot(n, 0.0);
+        launch((n + block - 1) / block, block, l2p_particles, (const double*)pos.data(),
+               (const unsigned*)leaf_of.data(), (const double*)centre.data(),
+               (const double*)locals.data(), (unsigned)n, (int)p, g, acc.data(), pot.data());
+        put(out, acc);
+        put(out, pot);
+    } else if (mode == "m2m" || mode == "l2l") {
+        auto cells = in.one<uint32_t>(), count = in.one<uint32_t>(), p = in.one<uint32_t>();
+        auto block = in.one<uint32_t>();
+        auto centre = in.many<double>(3 * cells);
+        unsigned grid = (count + block - 1) / block;
+        if (mode == "m2m") {
+            auto first = in.many<uint32_t>(cells), counts = in.many<uint32_t>(cells);
+            auto parents = in.many<uint32_t>(count);
+            auto m = in.many<double>((size_t)cells * (p + 1) * (p + 2));
+            launch(grid, block, m2m_cells, (const unsigned*)parents.data(), (unsigned)count,
+                   (const unsigned*)first.data(), (const unsigned*)counts.data(),
+                   (const double*)centre.data(), (int)p, m.data());
+            put(out, m);
+        } else {
+            auto parent = in.many<uint32_t>(cells), which = in.many<uint32_t>(count);
+            auto l = in.many<double>((size_t)cells * (p + 1) * (p + 2));
+            launch(grid, block, l2l_cells, (const unsigned*)which.data(), (unsigned)count,
+                   (const unsigned*)parent.data(), (const double*)centre.data(), (int)p, l.data());
+            put(out, l);
+        }
     } else {
         std::fprintf(stderr, "harness: unknown mode %s\n", argv[1]);
         return 2;

@@ -1,0 +1,57 @@
+// Solid harmonics for the expansion kernels, as src/fmm/expansion.rs computes them
+// (Dehnen's normalisation; coefficients for 0 <= m <= n <= p stored as (re, im) pairs at
+// complex index n(n+1)/2 + m).
+#pragma once
+
+// Largest expansion order the kernels support (src/fmm/expansion.rs: MAX_ORDER).
+#define LEAPFMM_MAX_ORDER 12
+// Values of an expansion of order LEAPFMM_MAX_ORDER: (p + 1)(p + 2).
+#define LEAPFMM_MAX_LEN ((LEAPFMM_MAX_ORDER + 1) * (LEAPFMM_MAX_ORDER + 2))
+
+__device__ __forceinline__ int cidx(int n, int m) { return n * (n + 1) / 2 + m; }
+
+// Regular solid harmonics R_n^m(x) for n <= p into out[2 * cidx(n, m) + {0, 1}].
+__device__ __forceinline__ void regular(int p, double x, double y, double z, double* out) {
+    const double r2 = x * x + y * y + z * z;
+    out[0] = 1.0;
+    out[1] = 0.0;
+    for (int m = 0; m <= p; ++m) {
+        const int d = cidx(m, m);
+        if (m > 0) {
+            const int prev = cidx(m - 1, m - 1);
+            const double pr = out[2 * prev], pi = out[2 * prev + 1];
+            const double f = -1.0 / (2.0 * m);
+            out[2 * d] = f * (x * pr - y * pi);
+            out[2 * d + 1] = f * (x * pi + y * pr);
+        }
+        if (m < p) {
+            const int k = cidx(m + 1, m);
+            out[2 * k] = z * out[2 * d];
+            out[2 * k + 1] = z * out[2 * d + 1];
+        }
+        for (int n = m + 2; n <= p; ++n) {
+            const int k = cidx(n, m), a = cidx(n - 1, m), b = cidx(n - 2, m);
+            const double inv = 1.0 / (double)((n - m) * (n + m));
+            const double cz = (double)(2 * n - 1) * z;
+            out[2 * k] = (cz * out[2 * a] - r2 * out[2 * b]) * inv;
+            out[2 * k + 1] = (cz * out[2 * a + 1] - r2 * out[2 * b + 1]) * inv;
+        }
+    }
+}
+
+// Coefficient (n, m) for any -n <= m <= n by the real-source symmetry
+// C_n^{-m} = (-1)^m conj(C_n^m).
+__device__ __forceinline__ void coefficient(const double* c, int n, int m, double* re, double* im) {
+    const int a = m < 0 ? -m : m;
+    const int k = cidx(n, a);
+    double r = c[2 * k], i = c[2 * k + 1];
+    if (m < 0) {
+        if (a % 2 == 0) {
+            i = -i;
+        } else {
+            r = -r;
+        }
+    }
+    *re = r;
+    *im = i;
+}
