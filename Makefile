@@ -36,11 +36,14 @@ test-mpi: deps-mpi
 	fi
 
 # Every kernels/*.cu compiles with NVRTC for sm_80 and sm_90 (no GPU needed): libnvrtc from
-# the nvidia-cuda-nvrtc-cu12 wheel in a local virtual environment.
+# the nvidia-cuda-nvrtc-cu12 wheel in a local virtual environment; then the binary's own
+# NVRTC path (cudarc, with the PTX cache) compiles the embedded kernels.
 kernels-check:
 	@python3 -m venv .nvrtc-venv 2>/dev/null || { scripts/install-deps.sh venv && python3 -m venv .nvrtc-venv; }
 	@.nvrtc-venv/bin/pip install -q --disable-pip-version-check nvidia-cuda-nvrtc-cu12
 	@.nvrtc-venv/bin/python scripts/nvrtc-check.py
+	@LD_LIBRARY_PATH="$$(echo $(CURDIR)/.nvrtc-venv/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib):$$LD_LIBRARY_PATH" \
+		LEAPFMM_REQUIRE_NVRTC=1 $(CARGO) test --release --test gpu_nvrtc
 
 lint: deps
 	$(CARGO) fmt --check

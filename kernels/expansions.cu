@@ -168,3 +168,46 @@ extern "C" __global__ void l2l_cells(
         }
     }
 }
+
+// M2L: each of `count` target cells (`targets`) adds the local expansions of the source
+// cells on its M2L list (`list[offsets[k]..offsets[k + 1]]`, in list order):
+//   L_k^l += (-1)^k Σ_{n + k <= p} Σ_m M_n^m I_{n+k}^{m+l}(R),  R = target centre - source centre.
+// The direct O(p^4) form of the CPU backend's rotation-based translation (same truncation).
+extern "C" __global__ void m2l_cells(
+    const unsigned* __restrict__ targets, unsigned count, const unsigned* __restrict__ offsets,
+    const unsigned* __restrict__ list, const double* __restrict__ centre,
+    const double* __restrict__ multipoles, int p, double* __restrict__ locals)
+{
+    const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= count) {
+        return;
+    }
+    const int len = (p + 1) * (p + 2);
+    const unsigned cell = targets[t];
+    double* out = locals + (size_t)cell * len;
+    double irr[LEAPFMM_MAX_LEN];
+    for (unsigned s = offsets[t]; s < offsets[t + 1]; ++s) {
+        const unsigned src = list[s];
+        irregular(p, centre[3 * cell] - centre[3 * src], centre[3 * cell + 1] - centre[3 * src + 1],
+                  centre[3 * cell + 2] - centre[3 * src + 2], irr);
+        const double* m_src = multipoles + (size_t)src * len;
+        for (int k = 0; k <= p; ++k) {
+            const double sign = (k % 2 == 0) ? 1.0 : -1.0;
+            for (int l = 0; l <= k; ++l) {
+                double re = 0.0, im = 0.0;
+                for (int n = 0; n + k <= p; ++n) {
+                    for (int m = -n; m <= n; ++m) {
+                        double mr, mi, ir, ii;
+                        coefficient(m_src, n, m, &mr, &mi);
+                        coefficient(irr, n + k, m + l, &ir, &ii);
+                        re += mr * ir - mi * ii;
+                        im += mr * ii + mi * ir;
+                    }
+                }
+                const int c = cidx(k, l);
+                out[2 * c] += sign * re;
+                out[2 * c + 1] += sign * im;
+            }
+        }
+    }
+}

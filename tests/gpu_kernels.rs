@@ -364,3 +364,57 @@ fn m2m_and_l2l_kernels_match_the_cpu_translations() {
         close(&out[ch * len..(ch + 1) * len], &want, "L2L");
     }
 }
+
+#[test]
+fn m2l_kernel_matches_the_cpu_translation() {
+    use leapfmm::fmm::expansion::{M2L_LANES, Operators, real_len};
+    let p = 7usize;
+    let len = real_len(p);
+    // Cell 0 is the target; cells 1-5 are sources 3-6 units away in all directions.
+    let centres: [[f64; 3]; 6] = [
+        [0.5, -0.2, 0.1],
+        [3.6, 0.3, -0.4],
+        [-2.9, 1.7, 0.8],
+        [0.4, -4.1, 2.2],
+        [1.1, 2.0, -5.3],
+        [-3.3, -3.0, -1.0],
+    ];
+    let m = random_expansions(6, p, 9);
+    let mut b = Vec::new();
+    u32_bytes(&mut b, &[6, 1, 5, p as u32, 1]);
+    f64_bytes(&mut b, centres.iter().flatten().copied());
+    u32_bytes(&mut b, &[0]);
+    u32_bytes(&mut b, &[0, 5]);
+    u32_bytes(&mut b, &[1, 2, 3, 4, 5]);
+    f64_bytes(&mut b, m.iter().copied());
+    let out = f64s(&run_harness("m2l", &b));
+    let ops = Operators::new(p);
+    let zero = vec![0.0; len];
+    let mut r = [[0.0, 0.0, 1.0]; M2L_LANES];
+    let mut sources: [&[f64]; M2L_LANES] = [&zero; M2L_LANES];
+    for s in 1..6 {
+        r[s - 1] = std::array::from_fn(|k| centres[0][k] - centres[s][k]);
+        sources[s - 1] = &m[s * len..(s + 1) * len];
+    }
+    let mut want = vec![0.0; len];
+    ops.m2l_batch(&r, &sources, &mut want);
+    // Per degree: the rotation-based CPU form and the direct sum differ by rounding only.
+    for k in 0..=p {
+        let range = k * (k + 1)..(k + 1) * (k + 2);
+        let scale = want[range.clone()]
+            .iter()
+            .fold(0.0f64, |a, v| a.max(v.abs()));
+        for c in range {
+            assert!(
+                (out[c] - want[c]).abs() <= 1e-11 * scale,
+                "degree {k} value {c}: {} vs {}",
+                out[c],
+                want[c]
+            );
+        }
+    }
+    assert!(
+        out[len..].iter().all(|&v| v == 0.0),
+        "only the target changes"
+    );
+}

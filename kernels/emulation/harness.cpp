@@ -8,6 +8,8 @@
 //                             parents, multipoles; OUT: multipoles
 //   harness l2l IN OUT        IN: cells, children, p, block, centres, parent, children, locals;
 //                             OUT: locals
+//   harness m2l IN OUT        IN: cells, targets, list length, p, block, centres, targets,
+//                             offsets, list, multipoles; OUT: locals (zero before)
 #include "cuda_shim.h"
 #include "../p2p.cu"
 #include "../integrate.cu"
@@ -145,6 +147,19 @@ int main(int argc, char** argv) {
                    (const unsigned*)parent.data(), (const double*)centre.data(), (int)p, l.data());
             put(out, l);
         }
+    } else if (mode == "m2l") {
+        auto cells = in.one<uint32_t>(), count = in.one<uint32_t>(), n_list = in.one<uint32_t>();
+        auto p = in.one<uint32_t>(), block = in.one<uint32_t>();
+        auto centre = in.many<double>(3 * cells);
+        auto which = in.many<uint32_t>(count), offsets = in.many<uint32_t>(count + 1);
+        auto list = in.many<uint32_t>(n_list);
+        size_t len = (size_t)(p + 1) * (p + 2);
+        auto m = in.many<double>(cells * len);
+        std::vector<double> l(cells * len, 0.0);
+        launch((count + block - 1) / block, block, m2l_cells, (const unsigned*)which.data(),
+               (unsigned)count, (const unsigned*)offsets.data(), (const unsigned*)list.data(),
+               (const double*)centre.data(), (const double*)m.data(), (int)p, l.data());
+        put(out, l);
     } else {
         std::fprintf(stderr, "harness: unknown mode %s\n", argv[1]);
         return 2;

@@ -1,0 +1,93 @@
+//! The GPU backend (design §7), in progress: the CUDA kernels of `kernels/` embedded in the
+//! binary and compiled at start-up by NVRTC (through cudarc, loaded at run time, so neither
+//! the build nor a CPU-only machine needs CUDA), with an on-disk cache of the PTX.
+
+#[cfg(feature = "cuda")]
+pub mod nvrtc;
+
+/// The kernel sources, embedded: (file name, text). Headers (`.cuh`) are spliced into the
+/// sources that include them before compilation (`expand_includes`).
+pub const SOURCES: [(&str, &str); 5] = [
+    ("common.cuh", include_str!("../../kernels/common.cuh")),
+    (
+        "expansions.cuh",
+        include_str!("../../kernels/expansions.cuh"),
+    ),
+    ("p2p.cu", include_str!("../../kernels/p2p.cu")),
+    ("expansions.cu", include_str!("../../kernels/expansions.cu")),
+    ("integrate.cu", include_str!("../../kernels/integrate.cu")),
+];
+
+/// The compilation units (`.cu` files) among `SOURCES`.
+pub fn units() -> impl Iterator<Item = (&'static str, &'static str)> {
+    SOURCES
+        .into_iter()
+        .filter(|(name, _)| name.ends_with(".cu"))
+}
+
+/// `source` with every `#include "X"` of an embedded header replaced by the header's text
+/// (each header once), so NVRTC needs no include path on disk.
+pub fn expand_includes(source: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(source.len());
+    let mut seen = Vec::new();
+    splice(source, &mut out, &mut seen)?;
+    Ok(out)
+}
+
+fn splice(source: &str, out: &mut String, seen: &mut Vec<&'static str>) -> Result<(), String> {
+    for line in source.lines() {
+        let included = line
+            .trim()
+            .strip_prefix("#include \"")
+            .and_then(|rest| rest.strip_suffix('"'));
+        match included {
+            Some(name) => {
+                let (header, text) = SOURCES
+                    .iter()
+                    .find(|(n, _)| *n == name)
+                    .ok_or_else(|| format!("kernel header {name} is not embedded"))?;
+                if !seen.contains(header) {
+                    seen.push(header);
+                    splice(text, out, seen)?;
+                }
+            }
+            None if line.trim() == "#pragma once" => {}
+            None => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_file_is_embedded_and_includes_expand() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".cu") || n.ends_with(".cuh"))
+            .collect();
+        on_disk.sort();
+        let mut embedded: Vec<String> = SOURCES.iter().map(|(n, _)| n.to_string()).collect();
+        embedded.sort();
+        assert_eq!(
+            on_disk, embedded,
+            "embed every kernels/*.cu and *.cuh in SOURCES"
+        );
+        for (name, text) in units() {
+            let full = expand_includes(text).unwrap();
+            assert!(!full.contains("#include \""), "{name}");
+            assert!(!full.contains("#pragma once"), "{name}");
+        }
+        let p2p = expand_includes(SOURCES[2].1).unwrap();
+        assert_eq!(p2p.matches("void plummer_factors").count(), 1);
+        assert!(expand_includes("#include \"missing.cuh\"").is_err());
+    }
+}
