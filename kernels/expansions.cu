@@ -3,27 +3,27 @@
 // the same operations as src/fmm/expansion.rs. Expansions are G-free; L2P applies G.
 #include "expansions.cuh"
 
-// Multipoles of `leaves` leaves (order p, `len` = (p + 1)(p + 2) values each) about their
-// centres: M += Σ q conj(R(x - centre)).
+// Multipoles of the `count` leaf cells `leaves` (order p, `len` = (p + 1)(p + 2) values per
+// cell, indexed by cell) about their centres: M = Σ q conj(R(x - centre)).
 extern "C" __global__ void p2m_leaves(
     const double* __restrict__ pos, const double* __restrict__ mass,
-    const unsigned* __restrict__ leaf_begin, const unsigned* __restrict__ leaf_end,
-    const double* __restrict__ leaf_centre, unsigned leaves, int p,
-    double* __restrict__ multipoles)
+    const unsigned* __restrict__ leaves, unsigned count,
+    const unsigned* __restrict__ cell_begin, const unsigned* __restrict__ cell_end,
+    const double* __restrict__ centre, int p, double* __restrict__ multipoles)
 {
-    const unsigned leaf = blockIdx.x * blockDim.x + threadIdx.x;
-    if (leaf >= leaves) {
+    const unsigned k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k >= count) {
         return;
     }
+    const unsigned leaf = leaves[k];
     const int len = (p + 1) * (p + 2);
     double r[LEAPFMM_MAX_LEN];
     double* out = multipoles + (size_t)leaf * len;
     for (int c = 0; c < len; ++c) {
         out[c] = 0.0;
     }
-    const double cx = leaf_centre[3 * leaf], cy = leaf_centre[3 * leaf + 1],
-                 cz = leaf_centre[3 * leaf + 2];
-    for (unsigned i = leaf_begin[leaf]; i < leaf_end[leaf]; ++i) {
+    const double cx = centre[3 * leaf], cy = centre[3 * leaf + 1], cz = centre[3 * leaf + 2];
+    for (unsigned i = cell_begin[leaf]; i < cell_end[leaf]; ++i) {
         regular(p, pos[3 * i] - cx, pos[3 * i + 1] - cy, pos[3 * i + 2] - cz, r);
         const double q = mass[i];
         for (int c = 0; c < len / 2; ++c) {

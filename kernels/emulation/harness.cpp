@@ -8,6 +8,8 @@
 //                             parents, multipoles; OUT: multipoles
 //   harness l2l IN OUT        IN: cells, children, p, block, centres, parent, children, locals;
 //                             OUT: locals
+//   harness fmm IN OUT        IN: a whole device plan (tests/gpu_kernels.rs: fmm_input); OUT: acc, pot
+//                             of the full pass sequence P2M, M2M, M2L, L2L, L2P, P2P
 //   harness m2l IN OUT        IN: cells, targets, list length, p, block, centres, targets,
 //                             offsets, list, multipoles; OUT: locals (zero before)
 #include "cuda_shim.h"
@@ -108,10 +110,12 @@ int main(int argc, char** argv) {
         auto begin = in.many<uint32_t>(leaves), end = in.many<uint32_t>(leaves);
         auto centre = in.many<double>(3 * leaves);
         std::vector<double> multipoles((size_t)leaves * (p + 1) * (p + 2), -1.0);
+        std::vector<unsigned> which(leaves);
+        for (unsigned k = 0; k < leaves; ++k) which[k] = k;
         launch((leaves + block - 1) / block, block, p2m_leaves, (const double*)pos.data(),
-               (const double*)mass.data(), (const unsigned*)begin.data(),
-               (const unsigned*)end.data(), (const double*)centre.data(), (unsigned)leaves,
-               (int)p, multipoles.data());
+               (const double*)mass.data(), (const unsigned*)which.data(), (unsigned)leaves,
+               (const unsigned*)begin.data(), (const unsigned*)end.data(),
+               (const double*)centre.data(), (int)p, multipoles.data());
         put(out, multipoles);
     } else if (mode == "l2p") {
         auto n = in.one<uint32_t>(), leaves = in.one<uint32_t>(), p = in.one<uint32_t>();
@@ -160,6 +164,67 @@ int main(int argc, char** argv) {
                (unsigned)count, (const unsigned*)offsets.data(), (const unsigned*)list.data(),
                (const double*)centre.data(), (const double*)m.data(), (int)p, l.data());
         put(out, l);
+    } else if (mode == "fmm") {
+        auto n = in.one<uint32_t>(), cells = in.one<uint32_t>(), levels = in.one<uint32_t>();
+        auto n_leaves = in.one<uint32_t>(), m2l_len = in.one<uint32_t>(), p2p_len = in.one<uint32_t>();
+        auto p = in.one<uint32_t>();
+        auto kernel = in.one<int32_t>();
+        auto block = in.one<uint32_t>();
+        auto eps2 = in.one<float>(), h = in.one<float>();
+        auto g = in.one<double>();
+        auto pos = in.many<double>(3 * n);
+        auto mass = in.many<double>(n);
+        auto centre = in.many<double>(3 * cells);
+        auto begin = in.many<uint32_t>(cells), end = in.many<uint32_t>(cells);
+        auto first = in.many<uint32_t>(cells), counts = in.many<uint32_t>(cells);
+        auto parent = in.many<uint32_t>(cells);
+        auto level_start = in.many<uint32_t>(levels);
+        auto leaves = in.many<uint32_t>(n_leaves);
+        auto leaf_of = in.many<uint32_t>(n);
+        auto m2l_offsets = in.many<uint32_t>(cells + 1), m2l_list = in.many<uint32_t>(m2l_len);
+        auto p2p_offsets = in.many<uint32_t>(n_leaves + 1), p2p_list = in.many<uint32_t>(p2p_len);
+        size_t len = (size_t)(p + 1) * (p + 2);
+        std::vector<double> multipoles(cells * len, 0.0), locals(cells * len, 0.0);
+        std::vector<double> acc(3 * n, 0.0), pot(n, 0.0);
+        auto grid = [&](size_t count) { return (unsigned)((count + block - 1) / block); };
+        launch(grid(n_leaves), block, p2m_leaves, (const double*)pos.data(),
+               (const double*)mass.data(), (const unsigned*)leaves.data(), (unsigned)n_leaves,
+               (const unsigned*)begin.data(), (const unsigned*)end.data(),
+               (const double*)centre.data(), (int)p, multipoles.data());
+        // Upward: the parents of each level, deepest first.
+        for (int l = (int)levels - 2; l >= 0; --l) {
+            std::vector<unsigned> parents;
+            for (unsigned c = level_start[l]; c < level_start[l + 1]; ++c)
+                if (counts[c] > 0) parents.push_back(c);
+            if (parents.empty()) continue;
+            launch(grid(parents.size()), block, m2m_cells, (const unsigned*)parents.data(),
+                   (unsigned)parents.size(), (const unsigned*)first.data(),
+                   (const unsigned*)counts.data(), (const double*)centre.data(), (int)p,
+                   multipoles.data());
+        }
+        std::vector<unsigned> all(cells);
+        for (unsigned c = 0; c < cells; ++c) all[c] = c;
+        launch(grid(cells), block, m2l_cells, (const unsigned*)all.data(), (unsigned)cells,
+               (const unsigned*)m2l_offsets.data(), (const unsigned*)m2l_list.data(),
+               (const double*)centre.data(), (const double*)multipoles.data(), (int)p,
+               locals.data());
+        // Downward: every level below the root, top first.
+        for (unsigned l = 1; l + 1 < levels; ++l) {
+            unsigned count = level_start[l + 1] - level_start[l];
+            launch(grid(count), block, l2l_cells, (const unsigned*)(all.data() + level_start[l]),
+                   count, (const unsigned*)parent.data(), (const double*)centre.data(), (int)p,
+                   locals.data());
+        }
+        launch(grid(n), block, l2p_particles, (const double*)pos.data(),
+               (const unsigned*)leaf_of.data(), (const double*)centre.data(),
+               (const double*)locals.data(), (unsigned)n, (int)p, g, acc.data(), pot.data());
+        launch((unsigned)n_leaves, block, p2p_leaves, (const double*)pos.data(),
+               (const double*)mass.data(), (const unsigned*)begin.data(),
+               (const unsigned*)end.data(), (const double*)centre.data(),
+               (const unsigned*)leaves.data(), (const unsigned*)p2p_offsets.data(),
+               (const unsigned*)p2p_list.data(), (int)kernel, eps2, h, g, acc.data(), pot.data());
+        put(out, acc);
+        put(out, pot);
     } else {
         std::fprintf(stderr, "harness: unknown mode %s\n", argv[1]);
         return 2;

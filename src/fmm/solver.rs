@@ -733,6 +733,91 @@ impl FmmSolver {
     }
 }
 
+/// What a device needs to run the FMM passes of the last evaluation (design §7: the tree and
+/// the lists are built on the host and copied over in one transfer): the sorted particles,
+/// the cells, and the M2L and P2P lists in the order the CPU walks them.
+#[derive(Debug, Clone, Default)]
+pub struct DevicePlan {
+    /// Expansion order.
+    pub order: usize,
+    /// Particle positions in tree order.
+    pub pos: Vec<[f64; 3]>,
+    /// Masses in tree order.
+    pub mass: Vec<f64>,
+    /// Tree order → the caller's index.
+    pub order_of: Vec<u32>,
+    /// Expansion centre of each cell.
+    pub centre: Vec<[f64; 3]>,
+    /// First particle of each cell.
+    pub begin: Vec<u32>,
+    /// One past the last particle of each cell.
+    pub end: Vec<u32>,
+    /// First child of each cell (children contiguous).
+    pub first_child: Vec<u32>,
+    /// Children of each cell (0 for a leaf).
+    pub child_count: Vec<u32>,
+    /// Parent of each cell (the root its own).
+    pub parent: Vec<u32>,
+    /// Cells of level l: `level_start[l]..level_start[l + 1]`.
+    pub level_start: Vec<u32>,
+    /// Leaf cells, in particle order.
+    pub leaves: Vec<u32>,
+    /// The leaf of each particle (tree order).
+    pub leaf_of: Vec<u32>,
+    /// M2L sources of cell c: `m2l_list[m2l_offsets[c]..m2l_offsets[c + 1]]`.
+    pub m2l_offsets: Vec<u32>,
+    /// See `m2l_offsets`.
+    pub m2l_list: Vec<u32>,
+    /// P2P sources of `leaves[k]`: `p2p_list[p2p_offsets[k]..p2p_offsets[k + 1]]`.
+    pub p2p_offsets: Vec<u32>,
+    /// See `p2p_offsets`.
+    pub p2p_list: Vec<u32>,
+}
+
+impl FmmSolver {
+    /// The device plan of the last `evaluate` (one rank, one softening length for all;
+    /// `None` otherwise or before any evaluation).
+    pub fn device_plan(&self) -> Option<DevicePlan> {
+        let tree = &self.tree;
+        let cells = tree.own_cells;
+        if cells == 0 || tree.cells.len() != cells || !tree.eps.is_empty() {
+            return None;
+        }
+        let own = &tree.cells[..cells];
+        let mut leaf_of = vec![0u32; tree.own_particles];
+        for &leaf in &tree.leaves {
+            let c = &tree.cells[leaf as usize];
+            leaf_of[c.begin as usize..c.end as usize].fill(leaf);
+        }
+        let m2l_list: Vec<u32> = (0..cells).flat_map(|c| self.m2l.of(c)).collect();
+        let mut p2p_offsets = vec![0u32];
+        let mut p2p_list = Vec::new();
+        for &leaf in &tree.leaves {
+            p2p_list.extend(self.p2p.of(leaf as usize));
+            p2p_offsets.push(p2p_list.len() as u32);
+        }
+        Some(DevicePlan {
+            order: self.settings.order,
+            pos: tree.pos[..tree.own_particles].to_vec(),
+            mass: tree.mass[..tree.own_particles].to_vec(),
+            order_of: tree.order.clone(),
+            centre: own.iter().map(|c| c.centre).collect(),
+            begin: own.iter().map(|c| c.begin).collect(),
+            end: own.iter().map(|c| c.end).collect(),
+            first_child: own.iter().map(|c| c.first_child).collect(),
+            child_count: own.iter().map(|c| u32::from(c.child_count)).collect(),
+            parent: own.iter().map(|c| c.parent).collect(),
+            level_start: tree.level_start.iter().map(|&l| l as u32).collect(),
+            leaves: tree.leaves.clone(),
+            leaf_of,
+            m2l_offsets: self.m2l.offsets[..=cells].to_vec(),
+            m2l_list,
+            p2p_offsets,
+            p2p_list,
+        })
+    }
+}
+
 /// Diagnostics columns of an FMM evaluation: (name, summed between rows).
 const STAT_COLUMNS: [(&str, bool); 12] = [
     ("fmm_retries", true),
