@@ -46,3 +46,36 @@ fn kernels_compile_with_nvrtc_and_the_ptx_cache_is_reused() {
     assert!(other.iter().all(|k| !k.cached), "sm_80 reused sm_90's PTX");
     assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 6);
 }
+
+#[test]
+fn forces_on_the_cuda_backend_without_a_driver_is_a_clear_error() {
+    // SAFETY: only tries to open the shared library.
+    if unsafe { cudarc::driver::sys::is_culib_present() } {
+        eprintln!("a CUDA driver is present: scripts/gpu-check.sh checks the GPU passes");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = env!("CARGO_BIN_EXE_leapfmm");
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ics/plummer.toml");
+    let run = |args: &[&str]| {
+        std::process::Command::new(bin)
+            .current_dir(dir.path())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let ics = run(&["ics", model.to_str().unwrap(), "--n", "300", "-o", "s.hdf5"]);
+    assert!(ics.status.success());
+    let out = run(&[
+        "forces",
+        "s.hdf5",
+        "--softening",
+        "0.05",
+        "--backend",
+        "cuda",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("no CUDA driver"), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}

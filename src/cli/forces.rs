@@ -69,6 +69,16 @@ pub struct ForcesArgs {
     /// Evaluate with the distributed solver on K thread ranks sharing this machine's cores.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024).map(|v| v as usize))]
     ranks: usize,
+    /// Where the FMM passes run: `cuda` runs them on GPU 0 from the CPU's tree and lists,
+    /// reports the difference from the CPU's forces, and writes the GPU's (one rank).
+    #[arg(long, value_enum, default_value_t = BackendArg::Cpu)]
+    backend: BackendArg,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum BackendArg {
+    Cpu,
+    Cuda,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -173,6 +183,9 @@ pub fn execute(args: ForcesArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) 
                 "--ranks starts thread ranks; under mpirun, the MPI ranks are the ranks: drop --ranks"
             );
         }
+        if args.backend == BackendArg::Cuda {
+            bail!("--backend cuda runs on one GPU without mpirun");
+        }
         let start = Instant::now();
         let out = evaluate_share(comm, &p, &settings, args.repeat, presets)?;
         if comm.rank() != 0 {
@@ -180,6 +193,9 @@ pub fn execute(args: ForcesArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) 
         }
         report_distributed(&out, comm.size(), start);
         return finish(path, data, p, &out.acc, &out.pot, &args, g, softening);
+    }
+    if args.backend == BackendArg::Cuda && args.ranks > 1 {
+        bail!("--backend cuda runs on one GPU: drop --ranks");
     }
     let (acc, pot) = if args.ranks > 1 {
         let start = Instant::now();
@@ -288,7 +304,85 @@ fn single_rank(
     for w in solver.take_warnings() {
         eprintln!("warning: {w}");
     }
+    if args.backend == BackendArg::Cuda {
+        return on_gpu(&solver, &acc, args);
+    }
     Ok((acc, pot))
+}
+
+/// `--backend cuda`: the FMM passes of the solver's last evaluation on GPU 0, compared with
+/// the CPU's accelerations `cpu_acc` (the caller's order); returns the GPU's forces.
+#[cfg(feature = "cuda")]
+fn on_gpu(
+    solver: &FmmSolver,
+    cpu_acc: &[[f64; 3]],
+    args: &ForcesArgs,
+) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
+    use leapfmm::gpu::device::GpuFmm;
+    let plan = solver
+        .device_plan()
+        .context("the GPU passes need one softening length for all particles")?;
+    let cache =
+        std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/leapfmm/kernels"));
+    let start = Instant::now();
+    let gpu = GpuFmm::open(0, cache.as_deref())?;
+    eprintln!(
+        "GPU {} ready in {:.2} s (kernels compiled or loaded from the cache)",
+        gpu.device,
+        start.elapsed().as_secs_f64()
+    );
+    let settings = solver.settings();
+    let n = plan.pos.len();
+    let (mut acc, mut pot) = (vec![[0.0; 3]; n], vec![0.0; n]);
+    for k in 0..args.repeat {
+        let start = Instant::now();
+        let out = gpu.evaluate(&plan, settings.softening, settings.g)?;
+        let s = out.seconds;
+        let secs = start.elapsed().as_secs_f64();
+        println!(
+            "GPU evaluation {}: {secs:.3} s ({:.3e} particles/s; host tree and lists not included): upload {:.3} upward {:.3} m2l {:.3} downward {:.3} p2p {:.3} download {:.3} s",
+            k + 1,
+            n as f64 / secs,
+            s.upload,
+            s.upward,
+            s.m2l,
+            s.downward,
+            s.p2p,
+            s.download
+        );
+        for (sorted, &orig) in plan.order_of.iter().enumerate() {
+            acc[orig as usize] = out.acc[sorted];
+            pot[orig as usize] = out.pot[sorted];
+        }
+    }
+    let mut diff: Vec<f64> = acc
+        .iter()
+        .zip(cpu_acc)
+        .map(|(g, c)| {
+            let d = (0..3).map(|k| (g[k] - c[k]).powi(2)).sum::<f64>().sqrt();
+            d / (c[0] * c[0] + c[1] * c[1] + c[2] * c[2])
+                .sqrt()
+                .max(f64::MIN_POSITIVE)
+        })
+        .collect();
+    diff.sort_by(f64::total_cmp);
+    println!(
+        "GPU vs CPU accelerations: median {:.3e}, p99 {:.3e}, max {:.3e} relative difference",
+        diff[n / 2],
+        diff[(n * 99 / 100).min(n - 1)],
+        diff[n - 1]
+    );
+    Ok((acc, pot))
+}
+
+/// `--backend cuda` in a build without the `cuda` feature.
+#[cfg(not(feature = "cuda"))]
+fn on_gpu(
+    _solver: &FmmSolver,
+    _cpu_acc: &[[f64; 3]],
+    _args: &ForcesArgs,
+) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
+    bail!("this leapfmm was built without the `cuda` feature: --backend cuda is not available")
 }
 
 /// With `--compare-direct M`: error statistics against direct summation on M particles.

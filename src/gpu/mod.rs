@@ -3,6 +3,8 @@
 //! the build nor a CPU-only machine needs CUDA), with an on-disk cache of the PTX.
 
 #[cfg(feature = "cuda")]
+pub mod device;
+#[cfg(feature = "cuda")]
 pub mod nvrtc;
 
 /// The kernel sources, embedded: (file name, text). Headers (`.cuh`) are spliced into the

@@ -75,10 +75,7 @@ fn cache_key(source: &str, arch: &str, version: (i32, i32)) -> String {
 
 /// Every kernel source compiled to PTX for `arch` (e.g. "sm_90"), from `cache` when it holds
 /// them and into it otherwise (`None`: no cache).
-pub fn compile_all(
-    arch: &'static str,
-    cache: Option<&Path>,
-) -> Result<Vec<CompiledKernel>, KernelError> {
+pub fn compile_all(arch: &str, cache: Option<&Path>) -> Result<Vec<CompiledKernel>, KernelError> {
     let version = version()?;
     let cache_err = |path: &Path, e: std::io::Error| KernelError::Cache {
         path: path.to_path_buf(),
@@ -107,9 +104,8 @@ pub fn compile_all(
             continue;
         }
         let options = CompileOptions {
-            arch: Some(arch),
             name: Some(name.to_string()),
-            options: vec!["--std=c++17".into()],
+            options: vec![format!("--gpu-architecture={arch}"), "--std=c++17".into()],
             ..Default::default()
         };
         let ptx = compile_ptx_with_opts(&source, options)

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The prepared check for a lent GPU machine (issue 6; DEVELOPERS.md, `device` tool): run from
+# the repository root with the release binary built on the build machine and carried
+# (target/release/leapfmm; no Rust toolchain is needed here). Prints the environment, then
+# the GPU-vs-CPU difference of the FMM passes on the Milky Way model and the GPU timings.
+#   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; OUT=/tmp/gpu-check)
+# The host still builds the tree and the lists (CPU); the GPU line times the device passes.
+set -uo pipefail
+BIN=${BIN:-target/release/leapfmm}
+OUT=${OUT:-/tmp/gpu-check}
+N1=${N1:-1000000}
+N2=${N2:-10000000}
+mkdir -p "$OUT"
+
+echo "== environment"
+nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 | head -3
+for d in /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
+    [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
+done
+ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | head -4
+echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
+"$BIN" --version
+
+for n in "$N1" "$N2"; do
+    echo "== N = $n: initial conditions"
+    "$BIN" ics ics/milky_way.toml --n "$n" -o "$OUT/mw_$n.hdf5" 2>&1 | tail -1
+    echo "== N = $n: CPU tree and lists, then the passes on the GPU (parity vs the CPU passes)"
+    extra=()
+    if [ "$n" = "$N1" ]; then extra=(--compare-direct 2000); fi
+    timeout 280 "$BIN" forces "$OUT/mw_$n.hdf5" --softening 0.05 --backend cuda --repeat 3 \
+        -o "$OUT/forces_$n.hdf5" "${extra[@]}" 2>&1 | grep -v "^wrote"
+    echo "exit status $?"
+done
