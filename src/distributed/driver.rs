@@ -7,7 +7,7 @@ use super::comm::{
     Communicator, ThreadRank, allgatherv, allreduce_sum, alltoallv, run_thread_ranks,
 };
 use super::decomposition::{Domains, balance, global_cube, migrate};
-use super::let_tree::{LetPacket, TopCell, WirePrecision, export, import, top_tree};
+use super::let_tree::{ExportWalk, LetPacket, SentGeometry, TopCell, WirePrecision, import};
 use crate::fmm::caps::{CapKind, Caps, CapsTracker};
 use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::presets::PresetsStore;
@@ -39,8 +39,9 @@ pub struct RankStats {
     pub let_bytes_sent: usize,
     /// Bytes of LET data received.
     pub let_bytes_received: usize,
-    /// Bytes of top-tree geometry received (every rank's top tree).
-    pub top_bytes_received: usize,
+    /// Bytes of other ranks' tree geometry received: their coarse top trees, the cells
+    /// this rank's exports asked them for, and their 4-byte requests for this rank's cells.
+    pub geometry_bytes_received: usize,
     /// Seconds in decomposition and migration.
     pub decomposition_s: f64,
     /// The local FMM's own figures (exchange time included as `seconds.exchange`).
@@ -71,6 +72,11 @@ impl<C: Communicator> std::fmt::Debug for DistributedFmm<C> {
     }
 }
 
+/// Cells with at least this many leaves' worth of particles have their children in the
+/// coarse top tree every rank shares: a few hundred cells per rank, while the finer
+/// geometry travels only where another rank's walk needs it.
+const COARSE_LEAVES: usize = 32;
+
 /// The LET exchange of one evaluation, as the FMM's remote source.
 struct Exchange<'a> {
     comm: &'a dyn Communicator,
@@ -96,23 +102,49 @@ impl RemoteSource for Exchange<'_> {
         if k == 1 {
             return Ok(Vec::new());
         }
-        let tops: Vec<Vec<TopCell>> = allgatherv(comm, &top_tree(tree)).map_err(comm_err)?;
-        self.stats.top_bytes_received = tops
+        let mac = self.settings.mac();
+        // Geometry: every rank's coarse top, then, round by round, the children of the
+        // cells each exporter's walk needs to open.
+        let min_count = COARSE_LEAVES * self.settings.leaf_size.max(1);
+        let (coarse_sent, coarse) = SentGeometry::coarse(tree, min_count);
+        let coarse: Vec<Vec<TopCell>> = allgatherv(comm, &coarse).map_err(comm_err)?;
+        let mut sent = vec![coarse_sent; k];
+        let mut walks: Vec<ExportWalk> = coarse
             .iter()
             .enumerate()
-            .filter(|(r, _)| *r != me)
-            .map(|(_, t)| std::mem::size_of_val(t.as_slice()))
-            .sum();
-        let mac = self.settings.mac();
-        let packets: Vec<LetPacket> = (0..k)
-            .into_par_iter()
-            .map(|j| {
-                if j == me {
-                    LetPacket::default()
-                } else {
-                    export(tree, multipoles, len, &tops[j], mac)
-                }
-            })
+            .map(|(j, c)| ExportWalk::new(tree, if j == me { Vec::new() } else { c.clone() }))
+            .collect();
+        let cell_bytes = std::mem::size_of::<TopCell>();
+        let mut geometry_bytes = 0;
+        loop {
+            let requests: Vec<Vec<u32>> =
+                walks.par_iter_mut().map(|w| w.advance(tree, mac)).collect();
+            let wanted: u64 = requests.iter().map(|r| r.len() as u64).sum();
+            if allreduce_sum(comm, &[wanted]).map_err(comm_err)?[0] == 0 {
+                break;
+            }
+            let asked = alltoallv(comm, &requests).map_err(comm_err)?;
+            let replies = sent
+                .iter_mut()
+                .zip(&asked)
+                .map(|(s, a)| s.children(tree, a))
+                .collect::<Result<Vec<_>, String>>()
+                .map_err(GravityError::Communication)?;
+            let got = alltoallv(comm, &replies).map_err(comm_err)?;
+            for ((w, r), g) in walks.iter_mut().zip(&requests).zip(&got) {
+                w.add_children(r, g).map_err(GravityError::Communication)?;
+                geometry_bytes += g.len() * cell_bytes;
+            }
+            geometry_bytes += asked.iter().map(|a| a.len() * 4).sum::<usize>();
+        }
+        self.stats.geometry_bytes_received = geometry_bytes
+            + (0..k)
+                .filter(|&r| r != me)
+                .map(|r| coarse[r].len() * cell_bytes)
+                .sum::<usize>();
+        let packets: Vec<LetPacket> = walks
+            .par_iter()
+            .map(|w| w.finish(tree, multipoles, len))
             .collect();
         // Counts first: every receiver checks them against its caps, and all ranks grow and
         // retry together until the data fits.
@@ -360,7 +392,7 @@ const RANK_COLUMNS: [(&str, bool); 11] = [
     ("let_particles_received", false),
     ("let_bytes_sent", false),
     ("let_bytes_received", false),
-    ("top_tree_bytes_received", false),
+    ("geometry_bytes_received", false),
     ("decomposition_s", true),
     ("exchange_s", true),
 ];
@@ -376,7 +408,7 @@ impl RankStats {
             self.let_particles as f64,
             self.let_bytes_sent as f64,
             self.let_bytes_received as f64,
-            self.top_bytes_received as f64,
+            self.geometry_bytes_received as f64,
             self.decomposition_s,
             self.fmm.seconds.exchange,
         ]
@@ -478,7 +510,7 @@ pub struct RankFigures {
     /// LET bytes received.
     pub let_bytes_received: f64,
     /// Top-tree bytes received.
-    pub top_bytes_received: f64,
+    pub geometry_bytes_received: f64,
 }
 
 impl From<&RankStats> for RankFigures {
@@ -494,7 +526,7 @@ impl From<&RankStats> for RankFigures {
             let_cells: s.let_cells as f64,
             let_particles: s.let_particles as f64,
             let_bytes_received: s.let_bytes_received as f64,
-            top_bytes_received: s.top_bytes_received as f64,
+            geometry_bytes_received: s.geometry_bytes_received as f64,
         }
     }
 }

@@ -1,17 +1,27 @@
-//! Locally essential trees (Warren & Salmon 1993; design §6). Every rank shares the geometry
-//! of its tree (the top tree); every other rank then runs, on its own tree against that
-//! geometry, exactly the walk the receiver will run against it, and sends what that walk
-//! touches: multipoles of the cells it accepts, children of the cells it opens, particles of
-//! the leaves it pairs with leaves. Nothing else travels (a cell that is only opened sends
-//! no multipole), so the traffic follows the domain's surface, and because the walk's
+//! Locally essential trees (Warren & Salmon 1993; design §6). Every rank exports to every
+//! other exactly what the receiver's walk of its own tree against the exporter's will touch:
+//! multipoles of the cells it accepts, children of the cells it opens, particles of the
+//! leaves it pairs with leaves. Nothing else travels (a cell that is only opened sends no
+//! multipole), so the traffic follows the domain's surface, and because the walk's
 //! decisions are symmetric (`open_second`), the cross-domain pairs the two ranks of a pair
 //! use are mirror images: every far interaction acts both ways, as within one rank.
+//!
+//! To emulate the receiver's walk the exporter needs the geometry of the receiver's cells
+//! that walk visits, and no more. Every rank shares a coarse top of its tree (`coarse_tree`:
+//! children only below cells with many particles); an exporter's walk (`ExportWalk`) stops
+//! where it must open a receiver cell whose children it lacks, asks for them, and goes on
+//! when they arrive (`SentGeometry` answers on the receiver's side), a few rounds in all. So
+//! the geometry that travels is what the walk visits, and scales with the domain surface
+//! like the LET itself.
 
 use crate::fmm::solver::RemoteTree;
 use crate::fmm::traversal::{Mac, open_second};
 use crate::fmm::tree::{Cell, Tree, WIRE_POSITION_BITS, dequantise_position, quantise_position};
 use bytemuck::{Pod, Zeroable};
 use std::collections::VecDeque;
+
+/// `TopCell::first_child` of a cell whose children were not sent.
+const CHILDREN_NOT_SENT: u32 = u32::MAX;
 
 /// Geometry of one cell of a rank's tree, as other ranks see it (24 bytes: the tree keeps
 /// its geometry f32-representable).
@@ -22,9 +32,9 @@ pub struct TopCell {
     pub centre: [f32; 3],
     /// Bounding radius about the centre.
     pub r_max: f32,
-    /// First child (children contiguous).
+    /// First child (children contiguous); `CHILDREN_NOT_SENT` for a cell sent without them.
     pub first_child: u32,
-    /// Number of children (0 for a leaf).
+    /// Number of children in the owner's tree (0 for a leaf).
     pub child_count: u32,
 }
 
@@ -39,32 +49,79 @@ impl TopCell {
         }
     }
 
+    /// True when the cell has children in its owner's tree that were not sent.
+    fn hides_children(&self) -> bool {
+        self.child_count > 0 && self.first_child == CHILDREN_NOT_SENT
+    }
+
+    /// The children sent (none for a leaf or a cell sent without them).
     fn children(&self) -> std::ops::Range<u32> {
+        if self.hides_children() {
+            return 0..0;
+        }
         self.first_child..self.first_child + self.child_count
     }
 }
 
-/// The geometry of every cell of `tree`, breadth first with children contiguous.
-pub fn top_tree(tree: &Tree) -> Vec<TopCell> {
-    if tree.own_particles == 0 {
-        return Vec::new();
+/// The geometry of one cell of `tree`, its children not (yet) sent.
+fn top_cell(tree: &Tree, index: u32) -> TopCell {
+    let c = &tree.cells[index as usize];
+    TopCell {
+        centre: c.centre.map(|v| v as f32),
+        r_max: c.r_max as f32,
+        first_child: if c.is_leaf() { 0 } else { CHILDREN_NOT_SENT },
+        child_count: c.child_count as u32,
     }
-    let mut out = Vec::with_capacity(tree.own_cells);
-    let mut source = vec![0u32];
-    let mut next = 0;
-    while next < source.len() {
-        let c = &tree.cells[source[next] as usize];
-        let first_child = source.len() as u32;
-        source.extend(c.children());
-        out.push(TopCell {
-            centre: c.centre.map(|v| v as f32),
-            r_max: c.r_max as f32,
-            first_child: if c.is_leaf() { 0 } else { first_child },
-            child_count: c.child_count as u32,
-        });
-        next += 1;
+}
+
+/// The cells of this rank's tree that one exporter has received, in the order it received
+/// them: the coarse top first, then children as it asks for them.
+#[derive(Debug, Clone, Default)]
+pub struct SentGeometry {
+    /// Own tree cell of each cell sent.
+    own: Vec<u32>,
+}
+
+impl SentGeometry {
+    /// The coarse top of `tree` that every rank shares, breadth first with children
+    /// contiguous, root first: the children of every cell with at least `min_count`
+    /// particles. Returns it with the record of what it contains.
+    pub fn coarse(tree: &Tree, min_count: usize) -> (SentGeometry, Vec<TopCell>) {
+        if tree.own_particles == 0 {
+            return (SentGeometry::default(), Vec::new());
+        }
+        let mut own = vec![0u32];
+        let mut out = Vec::new();
+        let mut next = 0;
+        while next < own.len() {
+            let index = own[next];
+            let c = &tree.cells[index as usize];
+            let mut cell = top_cell(tree, index);
+            if !c.is_leaf() && c.count() >= min_count {
+                cell.first_child = own.len() as u32;
+                own.extend(c.children());
+            }
+            out.push(cell);
+            next += 1;
+        }
+        (SentGeometry { own }, out)
     }
-    out
+
+    /// The children of the sent cells `requested` (indices in the order sent), one cell's
+    /// children after the other's, each without its own children.
+    pub fn children(&mut self, tree: &Tree, requested: &[u32]) -> Result<Vec<TopCell>, String> {
+        let mut out = Vec::new();
+        for &g in requested {
+            let index = *self.own.get(g as usize).ok_or_else(|| {
+                format!("another rank asked for the children of cell {g}, which was never sent")
+            })?;
+            for k in tree.cells[index as usize].children() {
+                out.push(top_cell(tree, k));
+                self.own.push(k);
+            }
+        }
+        Ok(out)
+    }
 }
 
 /// `LetCell::flags` bit: the cell is a leaf of the sender's tree.
@@ -123,102 +180,166 @@ const NEED_MULTIPOLE: u8 = 1;
 const NEED_CHILDREN: u8 = 2;
 const NEED_PARTICLES: u8 = 4;
 
-/// The locally essential tree of `tree` (with `len` multipole values per cell) for the
-/// receiver whose tree geometry is `receiver`: the receiver's walk of its tree against ours,
-/// emulated pair by pair with the receiver's own decisions.
-pub fn export(
-    tree: &Tree,
-    multipoles: &[f64],
-    len: usize,
-    receiver: &[TopCell],
-    mac: Mac,
-) -> LetPacket {
-    let mut out = LetPacket {
-        len,
-        ..LetPacket::default()
-    };
-    if tree.own_particles == 0 || receiver.is_empty() {
-        return out;
-    }
-    let mut need = vec![0u8; tree.own_cells];
-    let mut pairs = vec![(0u32, 0u32)];
-    while let Some((a, b)) = pairs.pop() {
-        let ra = &receiver[a as usize];
-        let ca = ra.as_cell();
-        let cb = &tree.cells[b as usize];
-        let n = &mut need[b as usize];
-        if mac.accepts(&ca, cb) {
-            *n |= NEED_MULTIPOLE;
-        } else if ca.is_tree_leaf() && cb.is_tree_leaf() {
-            *n |= NEED_PARTICLES;
-        } else if open_second(&ca, cb) {
-            *n |= NEED_CHILDREN;
-            pairs.extend(cb.children().map(|k| (a, k)));
+/// An exporter's emulation of one receiver's walk of its tree against ours, pair by pair
+/// with the receiver's own decisions: what it touches is the receiver's locally essential
+/// tree (`finish`). It pauses at receiver cells whose children it has not received.
+#[derive(Debug, Clone)]
+pub struct ExportWalk {
+    /// The receiver's cells received so far.
+    receiver: Vec<TopCell>,
+    /// What the walk needs of each own cell (`NEED_*` bits).
+    need: Vec<u8>,
+    /// Pairs (receiver cell, own cell) still to visit.
+    pairs: Vec<(u32, u32)>,
+    /// Pairs waiting for the children of their receiver cell.
+    blocked: Vec<(u32, u32)>,
+}
+
+impl ExportWalk {
+    /// The walk of `tree` for the receiver whose coarse tree is `receiver`.
+    pub fn new(tree: &Tree, receiver: Vec<TopCell>) -> Self {
+        let start = if tree.own_particles == 0 || receiver.is_empty() {
+            Vec::new()
         } else {
-            pairs.extend(ra.children().map(|k| (k, b)));
-        }
-    }
-    let mut queue = VecDeque::from([(0u32, 0usize)]);
-    out.cells.push(LetCell::zeroed());
-    while let Some((c, slot)) = queue.pop_front() {
-        let cell = &tree.cells[c as usize];
-        let n = need[c as usize];
-        let mut entry = LetCell {
-            centre: cell.centre,
-            r_max: cell.r_max,
-            flags: if cell.is_leaf() { TREE_LEAF } else { 0 },
-            ..LetCell::zeroed()
+            vec![(0, 0)]
         };
-        // The receiver rebuilds the multipole of a cell it gets particles or children of.
-        if n == NEED_MULTIPOLE {
-            entry.flags |= HAS_MULTIPOLE;
-            let off = c as usize * len;
-            out.multipoles
-                .extend_from_slice(&multipoles[off..off + len]);
+        ExportWalk {
+            receiver,
+            need: vec![0; tree.own_cells],
+            pairs: start,
+            blocked: Vec::new(),
         }
-        if n & NEED_PARTICLES != 0 {
-            entry.begin = out.particles.len() as u32;
-            for i in cell.begin as usize..cell.end as usize {
-                let x = tree.pos[i];
-                out.particles.push([x[0], x[1], x[2], tree.mass[i]]);
-            }
-            if !tree.eps.is_empty() {
-                out.eps
-                    .extend_from_slice(&tree.eps[cell.begin as usize..cell.end as usize]);
-            }
-            entry.end = out.particles.len() as u32;
-        }
-        if n & NEED_CHILDREN != 0 {
-            entry.first_child = out.cells.len() as u32;
-            entry.flags |= u32::from(cell.child_count) << 8;
-            for (k, child) in cell.children().enumerate() {
-                out.cells.push(LetCell::zeroed());
-                queue.push_back((child, entry.first_child as usize + k));
-            }
-        }
-        out.cells[slot] = entry;
     }
-    out
+
+    /// Walks as far as the receiver's cells received so far allow; returns the receiver
+    /// cells whose children it needs to go on (ascending; empty when the walk is done).
+    pub fn advance(&mut self, tree: &Tree, mac: Mac) -> Vec<u32> {
+        while let Some((a, b)) = self.pairs.pop() {
+            let ra = &self.receiver[a as usize];
+            let ca = ra.as_cell();
+            let cb = &tree.cells[b as usize];
+            let n = &mut self.need[b as usize];
+            if mac.accepts(&ca, cb) {
+                *n |= NEED_MULTIPOLE;
+            } else if ca.is_tree_leaf() && cb.is_tree_leaf() {
+                *n |= NEED_PARTICLES;
+            } else if open_second(&ca, cb) {
+                *n |= NEED_CHILDREN;
+                self.pairs.extend(cb.children().map(|k| (a, k)));
+            } else if ra.hides_children() {
+                self.blocked.push((a, b));
+            } else {
+                self.pairs.extend(ra.children().map(|k| (k, b)));
+            }
+        }
+        let mut wanted: Vec<u32> = self.blocked.iter().map(|&(a, _)| a).collect();
+        wanted.sort_unstable();
+        wanted.dedup();
+        wanted
+    }
+
+    /// Takes the receiver's answer to `advance`'s request `requested`: their children, one
+    /// cell's after the other's.
+    pub fn add_children(&mut self, requested: &[u32], children: &[TopCell]) -> Result<(), String> {
+        let mut next = 0usize;
+        for &g in requested {
+            let first = self.receiver.len() as u32;
+            let cell = &mut self.receiver[g as usize];
+            let count = cell.child_count as usize;
+            cell.first_child = first;
+            let part = children
+                .get(next..next + count)
+                .ok_or("another rank sent fewer cells of its tree than asked for")?;
+            self.receiver.extend_from_slice(part);
+            next += count;
+        }
+        if next != children.len() {
+            return Err("another rank sent more cells of its tree than asked for".into());
+        }
+        self.pairs.append(&mut self.blocked);
+        Ok(())
+    }
+
+    /// The receiver's cells received (its geometry as far as the walk needed it).
+    pub fn received_cells(&self) -> usize {
+        self.receiver.len()
+    }
+
+    /// The locally essential tree the walk collected, with `len` multipole values per own
+    /// cell in `multipoles`.
+    pub fn finish(&self, tree: &Tree, multipoles: &[f64], len: usize) -> LetPacket {
+        let mut out = LetPacket {
+            len,
+            ..LetPacket::default()
+        };
+        if tree.own_particles == 0 || self.receiver.is_empty() {
+            return out;
+        }
+        let need = &self.need;
+        let mut queue = VecDeque::from([(0u32, 0usize)]);
+        out.cells.push(LetCell::zeroed());
+        while let Some((c, slot)) = queue.pop_front() {
+            let cell = &tree.cells[c as usize];
+            let n = need[c as usize];
+            let mut entry = LetCell {
+                centre: cell.centre,
+                r_max: cell.r_max,
+                flags: if cell.is_leaf() { TREE_LEAF } else { 0 },
+                ..LetCell::zeroed()
+            };
+            // The receiver rebuilds the multipole of a cell it gets particles or children of.
+            if n == NEED_MULTIPOLE {
+                entry.flags |= HAS_MULTIPOLE;
+                let off = c as usize * len;
+                out.multipoles
+                    .extend_from_slice(&multipoles[off..off + len]);
+            }
+            if n & NEED_PARTICLES != 0 {
+                entry.begin = out.particles.len() as u32;
+                for i in cell.begin as usize..cell.end as usize {
+                    let x = tree.pos[i];
+                    out.particles.push([x[0], x[1], x[2], tree.mass[i]]);
+                }
+                if !tree.eps.is_empty() {
+                    out.eps
+                        .extend_from_slice(&tree.eps[cell.begin as usize..cell.end as usize]);
+                }
+                entry.end = out.particles.len() as u32;
+            }
+            if n & NEED_CHILDREN != 0 {
+                entry.first_child = out.cells.len() as u32;
+                entry.flags |= u32::from(cell.child_count) << 8;
+                for (k, child) in cell.children().enumerate() {
+                    out.cells.push(LetCell::zeroed());
+                    queue.push_back((child, entry.first_child as usize + k));
+                }
+            }
+            out.cells[slot] = entry;
+        }
+        out
+    }
 }
 
 /// How a packet travels. Cell geometry always travels exactly (the tree keeps it
-/// f32-representable, and both ranks' walks must decide alike on it), and masses too (f64,
-/// once per leaf when its particles share one mass), so the ranks' mutual forces stay
-/// symmetric. Positions and multipoles are compressed for the mixed-precision near field,
+/// f32-representable, and both ranks' walks must decide alike on it), and masses and
+/// softening lengths too (f64, once per leaf when its particles share one value, and as
+/// indices into the packet's few distinct values when that is shorter), so the ranks'
+/// mutual forces stay symmetric. Positions and multipoles are compressed for the mixed-precision near field,
 /// whose own rounding is coarser, and exact otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WirePrecision {
     /// Positions as 24-bit offsets from their leaf's centre in units of `r_max / (2^23 - 1)`
     /// (9 bytes per particle, see `quantise_position`; the sender uses the same rounded
-    /// positions on its side of the near pairs, `Tree::wire_positions`); multipoles in block floating point
-    /// per degree (`MANTISSA_BITS`-bit mantissas under one power-of-two scale).
+    /// positions on its side of the near pairs, `Tree::wire_positions`); multipoles in
+    /// block floating point per degree (`MANTISSA_BITS`-bit mantissas under one
+    /// power-of-two scale).
     Single,
     /// f64 positions (24 bytes per particle) and multipoles.
     Double,
 }
 
 /// Bytes of the count header of an encoded packet.
-const HEADER: usize = 6 * 8;
+const HEADER: usize = 8 * 8;
 
 /// Bits of each multipole coefficient's mantissa (sign included) in `WirePrecision::Single`:
 /// the error is at most 2^-20 of the largest coefficient of the same degree, small enough
@@ -273,6 +394,72 @@ fn unstream(cells: &[LetCell], stream: &[f64], flag: u32, np: usize) -> Option<V
         }
     }
     Some(out)
+}
+
+/// Bits of an index into a palette of `p` values (0 for a single value).
+fn index_bits(p: usize) -> u32 {
+    usize::BITS - p.saturating_sub(1).leading_zeros()
+}
+
+/// The distinct values of `stream` in order of first appearance, when sending them once
+/// and an index per value is shorter than the values themselves (a galaxy's masses and
+/// softening lengths take a few values, one per component); else empty.
+fn palette_of(stream: &[f64]) -> Vec<f64> {
+    let mut seen = std::collections::HashSet::new();
+    let mut palette = Vec::new();
+    for v in stream {
+        if seen.insert(v.to_bits()) {
+            palette.push(*v);
+            if 2 * palette.len() > stream.len() {
+                return Vec::new();
+            }
+        }
+    }
+    palette
+}
+
+/// Bytes of a stream of `s` values with a palette of `p` (0: the values themselves).
+fn stream_bytes(s: usize, p: usize) -> usize {
+    if p == 0 {
+        8 * s
+    } else {
+        8 * p + (s * index_bits(p) as usize).div_ceil(8)
+    }
+}
+
+/// Writes `stream`: the values, or the palette then each value's index in it.
+fn push_stream(stream: &[f64], palette: &[f64], out: &mut Vec<u8>) {
+    if palette.is_empty() {
+        out.extend_from_slice(bytemuck::cast_slice(stream));
+        return;
+    }
+    out.extend_from_slice(bytemuck::cast_slice(palette));
+    let index: std::collections::HashMap<u64, u64> = (0u64..)
+        .zip(palette)
+        .map(|(i, v)| (v.to_bits(), i))
+        .collect();
+    let bits = index_bits(palette.len());
+    let mut w = BitWriter::default();
+    for v in stream {
+        w.push(index[&v.to_bits()], bits);
+    }
+    out.extend_from_slice(&w.finish());
+}
+
+/// Reads `push_stream`'s `s` values with a palette of `p` from `bytes`.
+fn read_stream(bytes: &[u8], s: usize, p: usize) -> Option<Vec<f64>> {
+    if p == 0 {
+        return Some(bytemuck::pod_collect_to_vec(bytes));
+    }
+    let palette: Vec<f64> = bytemuck::pod_collect_to_vec(bytes.get(..8 * p)?);
+    let mut r = BitReader {
+        bytes: &bytes[8 * p..],
+        at: 0,
+    };
+    let bits = index_bits(p);
+    (0..s)
+        .map(|_| palette.get(r.read(bits)? as usize).copied())
+        .collect()
 }
 
 /// Little-endian bit packing for the block-floating-point multipoles.
@@ -389,9 +576,9 @@ fn unpack_multipole(bits: &mut BitReader, p: usize, m: &mut [f64]) -> Option<()>
 }
 
 impl LetPacket {
-    /// The packet as bytes: six u64 counts (cells, multipoles, values per multipole,
-    /// particles, mass values, softening values), the cells (`WireCell`), the multipoles,
-    /// the positions, the masses, the softening lengths.
+    /// The packet as bytes: eight u64 counts (cells, multipoles, values per multipole,
+    /// particles, mass values and their palette, softening values and their palette), the
+    /// cells (`WireCell`), the multipoles, the positions, the masses, the softening lengths.
     pub fn encode(&self, precision: WirePrecision) -> Vec<u8> {
         let mut cells = self.cells.clone();
         let m: Vec<f64> = self.particles.iter().map(|q| q[3]).collect();
@@ -401,6 +588,7 @@ impl LetPacket {
         } else {
             leaf_stream(&mut cells, &self.eps, UNIFORM_EPS)
         };
+        let (mass_palette, eps_palette) = (palette_of(&masses), palette_of(&eps));
         let count = self.multipoles.len().checked_div(self.len).unwrap_or(0);
         let mut out = Vec::new();
         for n in [
@@ -409,7 +597,9 @@ impl LetPacket {
             self.len,
             self.particles.len(),
             masses.len(),
+            mass_palette.len(),
             eps.len(),
+            eps_palette.len(),
         ] {
             out.extend_from_slice(&(n as u64).to_le_bytes());
         }
@@ -449,8 +639,8 @@ impl LetPacket {
                 out.extend_from_slice(&x.finish());
             }
         }
-        out.extend_from_slice(bytemuck::cast_slice(&masses));
-        out.extend_from_slice(bytemuck::cast_slice(&eps));
+        push_stream(&masses, &mass_palette, &mut out);
+        push_stream(&eps, &eps_palette, &mut out);
         out
     }
 
@@ -464,7 +654,9 @@ impl LetPacket {
             Ok(u64::from_le_bytes(a) as usize)
         };
         let (nc, nm, len) = (count(0)?, count(1)?, count(2)?);
-        let (np, nq, ne) = (count(3)?, count(4)?, count(5)?);
+        let (np, nq, pq) = (count(3)?, count(4)?, count(5)?);
+        let (ne, pe) = (count(6)?, count(7)?);
+        let (mass_bytes, eps_bytes) = (stream_bytes(nq, pq), stream_bytes(ne, pe));
         let (multipole_bytes, position_bytes) = match precision {
             WirePrecision::Single => {
                 let p = order_of(len).ok_or_else(bad)?;
@@ -477,7 +669,9 @@ impl LetPacket {
             WirePrecision::Double => (nm * len * 8, np * 24),
         };
         let cell_bytes = nc * std::mem::size_of::<WireCell>();
-        if bytes.len() != HEADER + cell_bytes + multipole_bytes + position_bytes + (nq + ne) * 8 {
+        if bytes.len()
+            != HEADER + cell_bytes + multipole_bytes + position_bytes + mass_bytes + eps_bytes
+        {
             return Err(bad());
         }
         let mut at = HEADER;
@@ -541,8 +735,8 @@ impl LetPacket {
                 (m, x)
             }
         };
-        let masses: Vec<f64> = bytemuck::pod_collect_to_vec(take(nq * 8));
-        let eps_stream: Vec<f64> = bytemuck::pod_collect_to_vec(take(ne * 8));
+        let masses = read_stream(take(mass_bytes), nq, pq).ok_or_else(bad)?;
+        let eps_stream = read_stream(take(eps_bytes), ne, pe).ok_or_else(bad)?;
         let masses = unstream(&cells, &masses, UNIFORM_MASS, np).ok_or_else(bad)?;
         let eps = if ne == 0 {
             Vec::new()
@@ -646,7 +840,7 @@ mod tests {
         assert_eq!(d.cells[2].flags, TREE_LEAF);
         let single = p.encode(WirePrecision::Single);
         // 3 cells; one order-1 multipole in 2 x 16 + 4 x 24 bits; 5 positions of 3 x 24 bits;
-        // masses: 1 (uniform leaf) + 2.
+        // masses: 1 (uniform leaf) + 2, three distinct values (no palette pays off).
         assert_eq!(single.len(), HEADER + 3 * 24 + 16 + 5 * 9 + 3 * 8);
         let mut varied = p.clone();
         varied.eps = vec![0.1, 0.1, 0.1, 0.2, 0.05];
@@ -677,5 +871,42 @@ mod tests {
             <[f64; 3]>::try_from(&s.particles[0][..3]).unwrap()
         );
         assert!(LetPacket::decode(&single[..single.len() - 1], WirePrecision::Single).is_err());
+    }
+
+    #[test]
+    fn few_distinct_masses_and_softenings_travel_as_palette_indices() {
+        let leaf = LetCell {
+            r_max: 1.0,
+            end: 40,
+            flags: TREE_LEAF,
+            ..LetCell::zeroed()
+        };
+        let masses = [1e-6, 3e-5, 2.5e-6];
+        let p = LetPacket {
+            cells: vec![leaf],
+            multipoles: Vec::new(),
+            len: 2,
+            particles: (0..40)
+                .map(|i| [0.01 * i as f64, 0.0, 0.0, masses[i * 7 % 3]])
+                .collect(),
+            eps: (0..40)
+                .map(|i| if i % 5 == 0 { 0.1 } else { 0.02 })
+                .collect(),
+        };
+        let bytes = p.encode(WirePrecision::Double);
+        // Three masses and two softenings once each, then 2- and 1-bit indices.
+        let expected = HEADER + 24 + 40 * 24 + (3 * 8 + 10) + (2 * 8 + 5);
+        assert_eq!(bytes.len(), expected);
+        let d = LetPacket::decode(&bytes, WirePrecision::Double).unwrap();
+        assert_eq!(d.particles, p.particles);
+        assert_eq!(d.eps, p.eps);
+        assert_eq!(index_bits(1), 0);
+        assert_eq!(index_bits(2), 1);
+        assert_eq!(index_bits(3), 2);
+        assert_eq!(index_bits(5), 3);
+        assert!(
+            palette_of(&[1.0, 2.0, 3.0]).is_empty(),
+            "no palette when it does not pay"
+        );
     }
 }
