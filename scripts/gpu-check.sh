@@ -5,6 +5,8 @@
 # the GPU-vs-CPU difference of the FMM passes on the Milky Way model and the GPU timings.
 #   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; OUT=/tmp/gpu-check)
 # The host still builds the tree and the lists (CPU); the GPU line times the device passes.
+# Last, a 100-step Milky Way run with backend = cuda and the same run on the CPU: compare
+# the conservation columns of their diagnostics.csv.
 set -uo pipefail
 BIN=${BIN:-target/release/leapfmm}
 OUT=${OUT:-/tmp/gpu-check}
@@ -29,5 +31,28 @@ for n in "$N1" "$N2"; do
     if [ "$n" = "$N1" ]; then extra=(--compare-direct 2000); fi
     timeout 280 "$BIN" forces "$OUT/mw_$n.hdf5" --softening 0.05 --backend cuda --repeat 3 \
         -o "$OUT/forces_$n.hdf5" "${extra[@]}" 2>&1 | grep -v "^wrote"
-    echo "exit status $?"
+    echo "exit status ${PIPESTATUS[0]}"
+done
+
+echo "== 100-step run, N = 100000: backend cuda, then cpu (diagnostics: first columns, last row)"
+cat > "$OUT/run.toml" <<EOF
+name = "gpu100"
+output_dir = "$OUT/runs"
+[ics]
+model = "$PWD/ics/milky_way.toml"
+n = 100000
+[gravity]
+softening = 0.05
+[integrator]
+t_end = 0.01
+dt_max = 0.0001
+fixed_step = true
+EOF
+sed 's/name = "gpu100"/name = "cpu100"/' "$OUT/run.toml" > "$OUT/run_cpu.toml"
+timeout 150 "$BIN" run "$OUT/run.toml" --backend cuda 2>&1 | tail -4
+echo "exit status ${PIPESTATUS[0]}"
+timeout 150 "$BIN" run "$OUT/run_cpu.toml" --backend cpu 2>&1 | tail -2
+for r in gpu100 cpu100; do
+    f="$OUT/runs/$r/diagnostics.csv"
+    [ -f "$f" ] && { echo "-- $r"; head -1 "$f" | cut -c1-240; tail -1 "$f" | cut -c1-240; }
 done

@@ -271,6 +271,20 @@ pub enum SolverKind {
     Direct,
 }
 
+/// Where the FMM's passes run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// GPU 0 when this machine has a CUDA device and the run can use it, else the CPU;
+    /// the run says which.
+    #[default]
+    Auto,
+    /// The CPU.
+    Cpu,
+    /// GPU 0; a run that cannot use it stops with the reason.
+    Cuda,
+}
+
 /// `[gravity]`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -278,6 +292,9 @@ pub struct GravityConfig {
     /// Force solver.
     #[serde(default)]
     pub solver: SolverKind,
+    /// Where the FMM's passes run (`--backend` overrides it).
+    #[serde(default)]
+    pub backend: Backend,
     /// Plummer-equivalent softening length (0 = Newtonian).
     pub softening: f64,
     /// Softening kernel.

@@ -17,8 +17,10 @@ use crate::distributed::comm::{
 };
 use crate::distributed::driver::DistributedFmm;
 use crate::fmm::caps::{Caps, CapsPolicy};
+use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::presets::PresetsStore;
 use crate::fmm::{FmmSettings, FmmSolver};
+use crate::gpu::backend::{Chosen, DeviceInfo, choose, probe};
 use crate::gravity::{DirectSummation, GravityError, GravitySolver, Softening, SolverStat};
 use crate::ics;
 use crate::ics::Share;
@@ -210,12 +212,36 @@ pub fn component_softening(spec: &RunSpec) -> Option<[f64; 4]> {
     }
 }
 
+/// Where `spec`'s force passes run on `ranks` ranks (`gravity.backend`, design §7): `auto`
+/// takes GPU 0 for a run the GPU backend can do, else the CPU; `cuda` insists.
+pub fn choose_backend(spec: &RunSpec, ranks: usize) -> Result<Chosen, RunError> {
+    let g = &spec.config.gravity;
+    let unsupported = if g.solver != SolverKind::Fmm {
+        Some("runs the FMM only")
+    } else if ranks > 1 {
+        Some("runs on one rank so far (several GPUs are not built yet)")
+    } else if component_softening(spec).is_some() {
+        Some("needs one softening length for every particle")
+    } else if g.near_field == NearFieldPrecision::Double {
+        Some("has the mixed-precision near field only")
+    } else {
+        None
+    };
+    choose(g.backend, unsupported, probe).map_err(|e| {
+        RunError::State(format!(
+            "{}: gravity.backend: {e}",
+            spec.source.path.display()
+        ))
+    })
+}
+
 /// The force solver a config asks for, on the rank `comm`, with per-component softening
-/// lengths when `component_softening` is given.
+/// lengths when `component_softening` is given, its passes where `backend` says.
 pub fn make_solver<C: Communicator + 'static>(
     config: &RunConfig,
     component_softening: Option<[f64; 4]>,
     comm: C,
+    backend: &Chosen,
 ) -> Result<Box<dyn GravitySolver>, RunError> {
     let g = config.units.gravitational_constant();
     let gravity = &config.gravity;
@@ -253,6 +279,9 @@ pub fn make_solver<C: Communicator + 'static>(
                 .caps_presets
                 .clone()
                 .unwrap_or_else(|| config.output_dir.join("caps_presets.json"));
+            if let Chosen::Cuda(device) = backend {
+                return gpu_solver(settings, PresetsStore::new(presets), device);
+            }
             Box::new(
                 DistributedFmm::new(
                     comm,
@@ -263,6 +292,34 @@ pub fn make_solver<C: Communicator + 'static>(
             )
         }
     })
+}
+
+/// The FMM with its passes on `device`.
+#[cfg(feature = "cuda")]
+fn gpu_solver(
+    settings: FmmSettings,
+    presets: PresetsStore,
+    device: &DeviceInfo,
+) -> Result<Box<dyn GravitySolver>, RunError> {
+    let gpu =
+        crate::gpu::device::GpuFmm::open(device.ordinal, crate::gpu::kernel_cache().as_deref())
+            .map_err(|e| RunError::Gravity(GravityError::Device(e.to_string())))?;
+    Ok(Box::new(crate::gpu::solver::GpuSolver::new(
+        FmmSolver::new(settings, Some(presets)),
+        gpu,
+    )))
+}
+
+/// Without the `cuda` feature no device is ever chosen.
+#[cfg(not(feature = "cuda"))]
+fn gpu_solver(
+    _settings: FmmSettings,
+    _presets: PresetsStore,
+    _device: &DeviceInfo,
+) -> Result<Box<dyn GravitySolver>, RunError> {
+    Err(RunError::Gravity(GravityError::Device(
+        "this leapfmm was built without the `cuda` feature".into(),
+    )))
 }
 
 /// SIGINT/SIGTERM handling for the duration of a run: the first signal is recorded and
@@ -322,10 +379,16 @@ pub fn run(spec: &RunSpec, options: RunOptions) -> Result<RunOutcome, RunError> 
         return run_with(spec, options, SingleRank);
     }
     let signals = SignalGuard::install()?;
+    let backend = choose_backend(spec, ranks)?;
     let threads = (rayon::current_num_threads() / ranks).max(1);
     let outcomes = run_thread_ranks(ranks, threads, RANK_TIMEOUT, |comm| {
-        let solver = make_solver(&spec.config, component_softening(spec), comm.clone())?;
-        run_rank(spec, options.clone(), comm, solver, &signals)
+        let solver = make_solver(
+            &spec.config,
+            component_softening(spec),
+            comm.clone(),
+            &backend,
+        )?;
+        run_rank(spec, options.clone(), comm, solver, &backend, &signals)
     })
     .map_err(|(rank, reason)| RunError::Rank {
         rank,
@@ -346,8 +409,14 @@ pub fn run_with<C: Communicator + Clone + 'static>(
     comm: C,
 ) -> Result<RunOutcome, RunError> {
     let signals = SignalGuard::install()?;
-    let solver = make_solver(&spec.config, component_softening(spec), comm.clone())?;
-    run_rank(spec, options, &comm, solver, &signals)
+    let backend = choose_backend(spec, comm.size())?;
+    let solver = make_solver(
+        &spec.config,
+        component_softening(spec),
+        comm.clone(),
+        &backend,
+    )?;
+    run_rank(spec, options, &comm, solver, &backend, &signals)
 }
 
 /// One rank's part of `run`.
@@ -356,9 +425,10 @@ fn run_rank(
     options: RunOptions,
     comm: &dyn Communicator,
     solver: Box<dyn GravitySolver>,
+    backend: &Chosen,
     signals: &SignalGuard,
 ) -> Result<RunOutcome, RunError> {
-    let mut sim = Simulation::prepare(spec, options, comm, solver)?;
+    let mut sim = Simulation::prepare(spec, options, comm, solver, backend)?;
     if sim.state.ti >= sim.ti_end {
         sim.progress.note(&format!(
             "{}: already finished at t = {}; nothing to do",
@@ -443,6 +513,7 @@ impl<'a> Simulation<'a> {
         options: RunOptions,
         comm: &'a dyn Communicator,
         mut solver: Box<dyn GravitySolver>,
+        backend: &Chosen,
     ) -> Result<Self, RunError> {
         let c = &spec.config;
         let run_dir = &spec.run_dir;
@@ -474,6 +545,7 @@ impl<'a> Simulation<'a> {
             options.quiet || rank != 0,
             options.group.as_ref(),
         );
+        progress.note(&format!("{}: {}", c.name, backend.describe()));
         for dir in [run_dir.clone(), snapshot_dir(run_dir), ckpt_dir.clone()] {
             std::fs::create_dir_all(&dir).map_err(io_err(&dir, "creating the run folder"))?;
         }

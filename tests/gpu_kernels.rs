@@ -500,12 +500,22 @@ fn the_kernels_in_sequence_give_the_cpu_fmm_forces() {
         near_field: NearFieldPrecision::Mixed,
         caps_policy: CapsPolicy::default(),
     };
-    let mut solver = FmmSolver::new(settings, None);
+    let mut solver = FmmSolver::new(settings.clone(), None);
     let (mut acc, mut pot) = (vec![[0.0; 3]; n], vec![0.0; n]);
-    solver
+    let stats = solver
         .evaluate(&pos, &mass, &id, &mut acc, &mut pot)
         .unwrap();
-    let plan = solver.device_plan().expect("a single-rank plan");
+    // The GPU solver's plan (tree and lists without the host passes) is the evaluation's.
+    let (plan, _) = FmmSolver::new(settings, None)
+        .plan(&pos, &mass, &id)
+        .unwrap();
+    let evaluated = solver.device_plan().expect("a single-rank plan");
+    assert_eq!(plan.pos, evaluated.pos);
+    assert_eq!(plan.centre, evaluated.centre);
+    assert_eq!(plan.m2l_offsets, evaluated.m2l_offsets);
+    assert_eq!(plan.m2l_list, evaluated.m2l_list);
+    assert_eq!(plan.p2p_list, evaluated.p2p_list);
+    assert_eq!(plan.p2p_interactions(), stats.p2p_interactions);
     assert!(
         plan.m2l_list.len() > 1000,
         "too little far field: {}",

@@ -79,3 +79,54 @@ fn forces_on_the_cuda_backend_without_a_driver_is_a_clear_error() {
     assert!(stderr.contains("no CUDA driver"), "{stderr}");
     assert!(!stderr.contains("panicked"), "{stderr}");
 }
+
+#[test]
+fn a_run_says_which_backend_it_uses_and_cuda_without_a_gpu_is_a_clear_error() {
+    // SAFETY: only tries to open the shared library.
+    if unsafe { cudarc::driver::sys::is_culib_present() } {
+        eprintln!("a CUDA driver is present: scripts/gpu-check.sh checks the GPU backend");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let model = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("ics/plummer.toml");
+    let config = |extra: &str| {
+        format!(
+            "name = \"b\"\nunits = \"nbody\"\n[ics]\nmodel = \"{}\"\nn = 300\n[gravity]\nsoftening = 0.05\n{extra}\n[integrator]\nt_end = 0.02\ndt_max = 0.01\n",
+            model.display()
+        )
+    };
+    std::fs::write(dir.path().join("auto.toml"), config("")).unwrap();
+    std::fs::write(dir.path().join("gpu.toml"), config("backend = \"gpu\"")).unwrap();
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_leapfmm"))
+            .current_dir(dir.path())
+            .args(args)
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        (out.status.code(), stderr)
+    };
+    let (code, stderr) = run(&["run", "auto.toml", "--backend", "cuda"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("gravity.backend: backend \"cuda\": no CUDA driver"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("runs/b").exists(),
+        "a refused run wrote files"
+    );
+    let (code, stderr) = run(&["run", "auto.toml"]);
+    assert_eq!(code, Some(0), "{stderr}");
+    assert!(
+        stderr.contains("b: backend: cpu (auto: no CUDA driver (libcuda.so.1) on this machine)"),
+        "{stderr}"
+    );
+    let (code, stderr) = run(&["run", "gpu.toml"]);
+    assert_eq!(code, Some(1), "{stderr}");
+    assert!(
+        stderr.contains("key 'gravity.backend': unknown variant `gpu`"),
+        "{stderr}"
+    );
+}

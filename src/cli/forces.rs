@@ -322,8 +322,7 @@ fn on_gpu(
     let plan = solver
         .device_plan()
         .context("the GPU passes need one softening length for all particles")?;
-    let cache =
-        std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/leapfmm/kernels"));
+    let cache = leapfmm::gpu::kernel_cache();
     let start = Instant::now();
     let gpu = GpuFmm::open(0, cache.as_deref())?;
     eprintln!(

@@ -1,9 +1,9 @@
-//! `leapfmm run CONFIG [--resume] [--ranks K] [--quiet]`.
+//! `leapfmm run CONFIG [--resume] [--ranks K] [--backend auto|cpu|cuda] [--quiet]`.
 
 use anyhow::Result;
 use clap::Args;
 use leapfmm::campaign::{Campaign, CampaignOptions, RunStatus, is_campaign, run_campaign};
-use leapfmm::config::RunSpec;
+use leapfmm::config::{Backend, RunSpec};
 use leapfmm::simulation::{self, RunOptions, RunOutcome};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -27,6 +27,10 @@ pub struct RunArgs {
     /// redistributes the particles.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
     ranks: u32,
+    /// Where the FMM's passes run, overriding `gravity.backend`: `auto` takes GPU 0 when
+    /// there is one and the run can use it, and says which it chose.
+    #[arg(long, value_enum)]
+    backend: Option<Backend>,
 }
 
 /// Validates the config, runs, and reports how the run ended.
@@ -42,7 +46,10 @@ pub fn execute(args: RunArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) -> 
         }
         return campaign(&args);
     }
-    let spec = RunSpec::load(&args.config)?;
+    let mut spec = RunSpec::load(&args.config)?;
+    if let Some(backend) = args.backend {
+        spec.config.gravity.backend = backend;
+    }
     let options = RunOptions {
         resume: args.resume,
         quiet: args.quiet,
@@ -67,7 +74,16 @@ pub fn execute(args: RunArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) -> 
 /// Runs a campaign and reports on every run: exit 0 when all are complete, 1 when one
 /// failed or was rejected, 128+N when signal N stopped it.
 fn campaign(args: &RunArgs) -> Result<ExitCode> {
-    let campaign = Campaign::load(&args.config)?;
+    let mut campaign = Campaign::load(&args.config)?;
+    if let Some(backend) = args.backend {
+        for spec in campaign
+            .runs
+            .iter_mut()
+            .filter_map(|r| r.spec.as_mut().ok())
+        {
+            spec.config.gravity.backend = backend;
+        }
+    }
     let rejected: Vec<_> = campaign
         .runs
         .iter()

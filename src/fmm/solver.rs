@@ -228,6 +228,8 @@ pub struct FmmSolver {
     presets: Option<PresetsStore>,
     saved_caps: Option<Caps>,
     ranks: u32,
+    /// The backend that runs the passes (part of the caps presets key).
+    backend: &'static str,
     warnings: Vec<String>,
     tree: Tree,
     multipoles: Vec<f64>,
@@ -258,6 +260,7 @@ impl FmmSolver {
             presets,
             saved_caps: None,
             ranks: 1,
+            backend: "cpu",
             warnings: Vec::new(),
             tree: Tree::default(),
             wire_positions: Vec::new(),
@@ -300,6 +303,12 @@ impl FmmSolver {
             .collect()
     }
 
+    /// Marks the passes as run by `backend` ("cuda"): its caps presets are kept apart.
+    pub fn with_backend(mut self, backend: &'static str) -> Self {
+        self.backend = backend;
+        self
+    }
+
     /// The caps presets key of this solver for `n` particles per rank.
     pub fn preset_key(&self, n: usize) -> PresetKey {
         PresetKey {
@@ -308,7 +317,7 @@ impl FmmSolver {
             leaf_size: self.settings.leaf_size as u32,
             order: self.settings.order as u32,
             theta: self.settings.theta,
-            backend: "cpu".into(),
+            backend: self.backend.into(),
         }
     }
 
@@ -345,6 +354,67 @@ impl FmmSolver {
     ) -> Result<FmmStats, GravityError> {
         let n = pos.len();
         let mut stats = FmmStats::default();
+        self.build_lists(pos, mass, id, eps, cube, remote, true, &mut stats)?;
+        let len = real_len(self.settings.order);
+        let t0 = Instant::now();
+        self.m2l_pass(len);
+        stats.seconds.m2l = t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        self.l2l_pass(len);
+        self.acc.clear();
+        self.acc.resize(n, [0.0; 3]);
+        self.pot.clear();
+        self.pot.resize(n, 0.0);
+        self.l2p_pass(len);
+        stats.seconds.downward = t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        stats.p2p_interactions = self.p2p_pass();
+        stats.seconds.p2p = t0.elapsed().as_secs_f64();
+
+        for (sorted, &orig) in self.tree.order.iter().enumerate() {
+            acc[orig as usize] = self.acc[sorted];
+            pot[orig as usize] = self.pot[sorted];
+        }
+        self.tracker.settle(&stats.used);
+        self.record_presets(n);
+        Ok(stats)
+    }
+
+    /// The tree and interaction lists of one rank's particles, for a device to run the
+    /// passes on (`DevicePlan`): `evaluate`'s tree build and walk without the passes (and
+    /// without the host's multipoles). One softening length for all particles.
+    pub fn plan(
+        &mut self,
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        id: &[u64],
+    ) -> Result<(DevicePlan, FmmStats), GravityError> {
+        let mut stats = FmmStats::default();
+        self.build_lists(pos, mass, id, None, None, None, false, &mut stats)?;
+        self.tracker.settle(&stats.used);
+        self.record_presets(pos.len());
+        let plan = self.device_plan().ok_or_else(|| {
+            GravityError::Device("a device plan needs at least one particle".into())
+        })?;
+        Ok((plan, stats))
+    }
+
+    /// Builds the tree (with multipoles when `host_upward`, which an exchange with other
+    /// ranks needs), imports the other ranks' trees from `remote`, and walks the lists,
+    /// growing the caps and retrying until everything fits.
+    #[allow(clippy::too_many_arguments)]
+    fn build_lists(
+        &mut self,
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        id: &[u64],
+        eps: Option<&[f64]>,
+        cube: Option<BoundingCube>,
+        remote: Option<&mut dyn RemoteSource>,
+        host_upward: bool,
+        stats: &mut FmmStats,
+    ) -> Result<(), GravityError> {
+        let n = pos.len();
         if !self.caps_known {
             self.start_caps(n);
         }
@@ -370,7 +440,7 @@ impl FmmSolver {
                     stats.retries += 1;
                     stats.overflows[CapKind::Cells as usize] += 1;
                     self.tracker.grow(CapKind::Cells, over.needed);
-                    check_retries(&stats)?;
+                    check_retries(stats)?;
                 }
             }
         }
@@ -383,7 +453,9 @@ impl FmmSolver {
         if n > 0 {
             self.tree.compute_moments();
         }
-        self.upward(len);
+        if host_upward {
+            self.upward(len);
+        }
         stats.seconds.upward += t0.elapsed().as_secs_f64();
 
         // With the mixed-precision near field, positions travel quantised (the distributed
@@ -396,13 +468,9 @@ impl FmmSolver {
         let mut remote_roots = Vec::new();
         if let Some(source) = remote {
             let t0 = Instant::now();
-            for r in source.remote_trees(
-                &self.tree,
-                &self.multipoles,
-                len,
-                &mut self.tracker,
-                &mut stats,
-            )? {
+            for r in
+                source.remote_trees(&self.tree, &self.multipoles, len, &mut self.tracker, stats)?
+            {
                 if r.cells.is_empty() {
                     continue;
                 }
@@ -445,7 +513,7 @@ impl FmmSolver {
                 stats.overflows[kind as usize] += 1;
                 self.tracker.grow(kind, needed);
             }
-            check_retries(&stats)?;
+            check_retries(stats)?;
         }
         let cells = self.tree.own_cells;
         stats.cells = cells;
@@ -467,29 +535,7 @@ impl FmmSolver {
             .filter(|&&p| unpack(p).1 as usize >= cells)
             .count();
         stats.seconds.traversal += t0.elapsed().as_secs_f64();
-
-        let t0 = Instant::now();
-        self.m2l_pass(len);
-        stats.seconds.m2l = t0.elapsed().as_secs_f64();
-        let t0 = Instant::now();
-        self.l2l_pass(len);
-        self.acc.clear();
-        self.acc.resize(n, [0.0; 3]);
-        self.pot.clear();
-        self.pot.resize(n, 0.0);
-        self.l2p_pass(len);
-        stats.seconds.downward = t0.elapsed().as_secs_f64();
-        let t0 = Instant::now();
-        stats.p2p_interactions = self.p2p_pass();
-        stats.seconds.p2p = t0.elapsed().as_secs_f64();
-
-        for (sorted, &orig) in self.tree.order.iter().enumerate() {
-            acc[orig as usize] = self.acc[sorted];
-            pot[orig as usize] = self.pot[sorted];
-        }
-        self.tracker.settle(&stats.used);
-        self.record_presets(n);
-        Ok(stats)
+        Ok(())
     }
 
     /// The cost of each particle in the last evaluation, in the caller's order: its leaf's
@@ -772,6 +818,25 @@ pub struct DevicePlan {
     pub p2p_offsets: Vec<u32>,
     /// See `p2p_offsets`.
     pub p2p_list: Vec<u32>,
+}
+
+impl DevicePlan {
+    /// Particle pairs the P2P lists make (self-pairs of a leaf included).
+    pub fn p2p_interactions(&self) -> u64 {
+        let count = |c: u32| u64::from(self.end[c as usize] - self.begin[c as usize]);
+        self.leaves
+            .iter()
+            .enumerate()
+            .map(|(k, &leaf)| {
+                let (lo, hi) = (self.p2p_offsets[k], self.p2p_offsets[k + 1]);
+                let sources: u64 = self.p2p_list[lo as usize..hi as usize]
+                    .iter()
+                    .map(|&c| count(c))
+                    .sum();
+                count(leaf) * sources
+            })
+            .sum()
+    }
 }
 
 impl FmmSolver {

@@ -21,7 +21,7 @@ use std::time::Instant;
 #[derive(Debug, thiserror::Error)]
 pub enum GpuError {
     /// No CUDA driver library on this machine.
-    #[error("no CUDA driver (libcuda.so.1) on this machine: use the CPU backend")]
+    #[error("no CUDA driver (libcuda.so.1) on this machine")]
     NoDriver,
     /// The driver reports no device.
     #[error("the CUDA driver reports no GPU")]
@@ -101,22 +101,35 @@ fn flat(v: &[[f64; 3]]) -> Vec<f64> {
     v.iter().flatten().copied().collect()
 }
 
+/// GPU `ordinal` of this machine: `NoDriver` or `NoDevice` when there is none (without
+/// touching CUDA when its driver library is absent).
+pub fn probe(ordinal: usize) -> Result<super::backend::DeviceInfo, GpuError> {
+    // SAFETY: only tries to open the shared library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(GpuError::NoDriver);
+    }
+    if CudaContext::device_count()? <= ordinal as i32 {
+        return Err(GpuError::NoDevice);
+    }
+    let ctx = CudaContext::new(ordinal)?;
+    let (major, minor) = ctx.compute_capability()?;
+    Ok(super::backend::DeviceInfo {
+        ordinal,
+        name: ctx.name()?,
+        arch: format!("sm_{major}{minor}"),
+        memory_bytes: ctx.total_mem()?,
+    })
+}
+
 impl GpuFmm {
     /// Opens device `ordinal`, compiles (or loads from `cache`) the kernels for its
     /// architecture. A machine without the CUDA driver gets `GpuError::NoDriver`, never a
     /// panic.
     pub fn open(ordinal: usize, cache: Option<&Path>) -> Result<Self, GpuError> {
-        // SAFETY: only tries to open the shared library.
-        if !unsafe { cudarc::driver::sys::is_culib_present() } {
-            return Err(GpuError::NoDriver);
-        }
-        if CudaContext::device_count()? < 1 {
-            return Err(GpuError::NoDevice);
-        }
+        let info = probe(ordinal)?;
         let ctx = CudaContext::new(ordinal)?;
-        let (major, minor) = ctx.compute_capability()?;
-        let arch = format!("sm_{major}{minor}");
-        let device = format!("{} ({arch})", ctx.name()?);
+        let arch = info.arch;
+        let device = format!("{} ({arch})", info.name);
         let mut functions = Vec::new();
         for kernel in compile_all(&arch, cache)? {
             let module = ctx.load_module(Ptx::from_src(kernel.ptx))?;

@@ -2,10 +2,18 @@
 //! binary and compiled at start-up by NVRTC (through cudarc, loaded at run time, so neither
 //! the build nor a CPU-only machine needs CUDA), with an on-disk cache of the PTX.
 
+pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod device;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
+#[cfg(feature = "cuda")]
+pub mod solver;
+
+/// Where compiled kernels are cached: `$HOME/.cache/leapfmm/kernels` (none without HOME).
+pub fn kernel_cache() -> Option<std::path::PathBuf> {
+    std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/leapfmm/kernels"))
+}
 
 /// The kernel sources, embedded: (file name, text). Headers (`.cuh`) are spliced into the
 /// sources that include them before compilation (`expand_includes`).

@@ -54,6 +54,9 @@ pub enum GravityError {
     /// Ranks could not exchange data (another rank failed, or a timeout).
     #[error("{0}")]
     Communication(String),
+    /// The GPU backend failed (driver, kernels, or an evaluation it cannot run).
+    #[error("GPU backend: {0}")]
+    Device(String),
     /// The FMM's buffers kept overflowing.
     #[error("the FMM buffers still overflowed after {retries} retries; raise gravity.cap_growth")]
     CapsDiverged {
