@@ -545,7 +545,6 @@ impl<'a> Simulation<'a> {
             options.quiet || rank != 0,
             options.group.as_ref(),
         );
-        progress.note(&format!("{}: {}", c.name, backend.describe()));
         for dir in [run_dir.clone(), snapshot_dir(run_dir), ckpt_dir.clone()] {
             std::fs::create_dir_all(&dir).map_err(io_err(&dir, "creating the run folder"))?;
         }
@@ -563,6 +562,9 @@ impl<'a> Simulation<'a> {
             None
         };
 
+        if c.gravity.solver == SolverKind::Fmm {
+            progress.note(&format!("{}: {}", c.name, backend.describe()));
+        }
         let logs = if rank == 0 {
             write_atomically(&run_dir.join("config.toml"), spec.source.text.as_bytes())?;
             let step = resumed.as_ref().map(|r| r.state.step);

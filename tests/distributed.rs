@@ -45,7 +45,7 @@ fn distributed(
         let mut solver = DistributedFmm::new(comm.clone(), FmmSolver::new(s.clone(), None), None);
         let mut stats = RankStats::default();
         for _ in 0..steps {
-            stats = solver.evaluate(&mut mine)?;
+            stats = solver.evaluate(&mut mine, None)?;
         }
         Ok::<_, leapfmm::gravity::GravityError>((mine, stats))
     })
@@ -213,7 +213,7 @@ fn let_buffers_that_overflow_grow_and_retry_without_truncation() {
                     let_particles: 1,
                 });
             }
-            let stats = solver.evaluate(&mut mine)?;
+            let stats = solver.evaluate(&mut mine, None)?;
             let mut by_id: Vec<(u64, [f64; 3])> =
                 (0..mine.len()).map(|i| (mine.id[i], mine.acc[i])).collect();
             by_id.sort_by_key(|x| x.0);

@@ -338,3 +338,52 @@ fn presets_carry_caps_across_solvers_and_survive_corruption() {
         "the file is rewritten cleanly"
     );
 }
+
+#[test]
+fn active_targets_get_the_full_evaluations_bits_for_a_fraction_of_the_work() {
+    // Block time steps evaluate forces for the active particles only: their results must be
+    // the full evaluation's, bit for bit, the others untouched, and the work must shrink.
+    let s = set("plummer", 20_000, 8);
+    let n = s.pos.len();
+    let mut solver = FmmSolver::new(settings(6, 0.7, 32, NearFieldPrecision::Mixed), None);
+    let (mut acc, mut pot) = (vec![[0.0; 3]; n], vec![0.0; n]);
+    let full = solver
+        .evaluate(&s.pos, &s.mass, &s.id, &mut acc, &mut pot)
+        .unwrap();
+    // The innermost 5%: what the shortest rungs of a cuspy model hold.
+    let r2 = |x: &[f64; 3]| x[0] * x[0] + x[1] * x[1] + x[2] * x[2];
+    let mut radii: Vec<f64> = s.pos.iter().map(r2).collect();
+    radii.sort_by(f64::total_cmp);
+    let cut = radii[n / 20];
+    let active: Vec<bool> = s.pos.iter().map(|x| r2(x) <= cut).collect();
+    let (mut acc2, mut pot2) = (vec![[7.0; 3]; n], vec![7.0; n]);
+    let part = solver
+        .evaluate_with(
+            &s.pos,
+            &s.mass,
+            &s.id,
+            None,
+            None,
+            None,
+            Some(&active),
+            &mut acc2,
+            &mut pot2,
+        )
+        .unwrap();
+    for i in 0..n {
+        if active[i] {
+            assert_eq!(acc2[i], acc[i], "particle {i}");
+            assert_eq!(pot2[i], pot[i], "particle {i}");
+        } else {
+            assert_eq!(
+                (acc2[i], pot2[i]),
+                ([7.0; 3], 7.0),
+                "particle {i} was touched"
+            );
+        }
+    }
+    let ratio = part.p2p_interactions as f64 / full.p2p_interactions as f64;
+    let m2l = part.used.m2l_pairs as f64 / full.used.m2l_pairs as f64;
+    eprintln!("5% active: {ratio:.3} of the pair interactions, {m2l:.3} of the M2L pairs");
+    assert!(ratio < 0.15 && m2l < 0.3, "{ratio} {m2l}");
+}

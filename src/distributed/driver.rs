@@ -242,13 +242,24 @@ impl<C: Communicator> DistributedFmm<C> {
     }
 
     /// Rebalances, migrates and evaluates: afterwards `particles` holds this rank's new set
-    /// with accelerations and potentials.
-    pub fn evaluate(&mut self, particles: &mut Particles) -> Result<RankStats, GravityError> {
+    /// with accelerations and potentials. With `active` (block time steps), only those
+    /// particles receive forces, and unless every particle of every rank is active the
+    /// particles stay where they are (their integrator state stays aligned with them); the
+    /// work of such evaluations adds up until the next rebalance, so the domains balance
+    /// the work of the whole cycle of time steps.
+    pub fn evaluate(
+        &mut self,
+        particles: &mut Particles,
+        active: Option<&[bool]>,
+    ) -> Result<RankStats, GravityError> {
         let comm: &dyn Communicator = &self.comm;
         let t0 = Instant::now();
         let cube = global_cube(comm, &particles.pos).map_err(comm_err)?;
+        let idle = active.map_or(0, |a| a.iter().filter(|&&x| !x).count() as u64);
+        let everyone = allreduce_sum(comm, &[idle]).map_err(comm_err)?[0] == 0;
+        let active = if everyone { None } else { active };
         let mut migrated = 0;
-        if comm.size() > 1 {
+        if comm.size() > 1 && everyone {
             let keys: Vec<u64> = particles.pos.iter().map(|&x| cube.key(x)).collect();
             if self.work.len() != particles.len() {
                 self.work = vec![0.0; particles.len()];
@@ -285,11 +296,19 @@ impl<C: Communicator> DistributedFmm<C> {
             eps.as_deref(),
             Some(cube),
             Some(&mut exchange),
+            active,
             &mut particles.acc,
             &mut particles.pot,
         )?;
-        self.work = self.solver.particle_work();
-        let work: f64 = self.work.iter().sum();
+        let added = self.solver.particle_work();
+        let work: f64 = added.iter().sum();
+        if everyone || self.work.len() != n {
+            self.work = added;
+        } else {
+            for (w, add) in self.work.iter_mut().zip(added) {
+                *w += add;
+            }
+        }
         let all = allgatherv(comm, &[work]).map_err(comm_err)?;
         let mean = all.iter().map(|w| w[0]).sum::<f64>() / all.len() as f64;
         let max = all.iter().map(|w| w[0]).fold(0.0, f64::max);
@@ -415,18 +434,19 @@ impl RankStats {
     }
 }
 
-impl<C: Communicator + 'static> GravitySolver for DistributedFmm<C> {
-    fn name(&self) -> &'static str {
-        "fmm"
-    }
-
-    fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
+impl<C: Communicator + 'static> DistributedFmm<C> {
+    /// `compute` or `compute_active`: the evaluation with its figures as a report.
+    fn compute_some(
+        &mut self,
+        particles: &mut Particles,
+        active: Option<&[bool]>,
+    ) -> Result<ForceReport, GravityError> {
         if let Err(e) = check_finite(particles) {
             self.comm.abort(&e.to_string());
             return Err(e);
         }
         let start = Instant::now();
-        let s = self.evaluate(particles)?;
+        let s = self.evaluate(particles, active)?;
         let mut stats = s.fmm.solver_stats();
         stats.extend(
             RANK_COLUMNS
@@ -443,6 +463,24 @@ impl<C: Communicator + 'static> GravitySolver for DistributedFmm<C> {
             seconds: start.elapsed().as_secs_f64(),
             stats,
         })
+    }
+}
+
+impl<C: Communicator + 'static> GravitySolver for DistributedFmm<C> {
+    fn name(&self) -> &'static str {
+        "fmm"
+    }
+
+    fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
+        self.compute_some(particles, None)
+    }
+
+    fn compute_active(
+        &mut self,
+        particles: &mut Particles,
+        active: &[bool],
+    ) -> Result<ForceReport, GravityError> {
+        self.compute_some(particles, Some(active))
     }
 
     fn stat_names(&self) -> Vec<&'static str> {
@@ -561,7 +599,7 @@ pub fn evaluate_share<C: Communicator + Clone + 'static>(
     );
     let mut figures = Vec::with_capacity(repeat.max(1));
     for _ in 0..repeat.max(1) {
-        let stats = solver.evaluate(&mut mine)?;
+        let stats = solver.evaluate(&mut mine, None)?;
         let all = allgatherv(comm, &[RankFigures::from(&stats)]).map_err(comm_err)?;
         figures.push(all.into_iter().flatten().collect());
     }

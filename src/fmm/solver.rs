@@ -228,6 +228,8 @@ pub struct FmmSolver {
     presets: Option<PresetsStore>,
     saved_caps: Option<Caps>,
     ranks: u32,
+    /// Which own cells hold particles that receive forces in this evaluation (empty: all).
+    targets: Vec<bool>,
     /// The backend that runs the passes (part of the caps presets key).
     backend: &'static str,
     warnings: Vec<String>,
@@ -260,6 +262,7 @@ impl FmmSolver {
             presets,
             saved_caps: None,
             ranks: 1,
+            targets: Vec::new(),
             backend: "cpu",
             warnings: Vec::new(),
             tree: Tree::default(),
@@ -332,7 +335,7 @@ impl FmmSolver {
         acc: &mut [[f64; 3]],
         pot: &mut [f64],
     ) -> Result<FmmStats, GravityError> {
-        self.evaluate_with(pos, mass, id, None, None, None, acc, pot)
+        self.evaluate_with(pos, mass, id, None, None, None, None, acc, pot)
     }
 
     /// `evaluate` for the particles of one rank of a distributed run: keys in the global
@@ -349,12 +352,13 @@ impl FmmSolver {
         eps: Option<&[f64]>,
         cube: Option<BoundingCube>,
         remote: Option<&mut dyn RemoteSource>,
+        active: Option<&[bool]>,
         acc: &mut [[f64; 3]],
         pot: &mut [f64],
     ) -> Result<FmmStats, GravityError> {
         let n = pos.len();
         let mut stats = FmmStats::default();
-        self.build_lists(pos, mass, id, eps, cube, remote, true, &mut stats)?;
+        self.build_lists(pos, mass, id, eps, cube, remote, active, true, &mut stats)?;
         let len = real_len(self.settings.order);
         let t0 = Instant::now();
         self.m2l_pass(len);
@@ -372,8 +376,10 @@ impl FmmSolver {
         stats.seconds.p2p = t0.elapsed().as_secs_f64();
 
         for (sorted, &orig) in self.tree.order.iter().enumerate() {
-            acc[orig as usize] = self.acc[sorted];
-            pot[orig as usize] = self.pot[sorted];
+            if active.is_none_or(|a| a[orig as usize]) {
+                acc[orig as usize] = self.acc[sorted];
+                pot[orig as usize] = self.pot[sorted];
+            }
         }
         self.tracker.settle(&stats.used);
         self.record_presets(n);
@@ -390,7 +396,7 @@ impl FmmSolver {
         id: &[u64],
     ) -> Result<(DevicePlan, FmmStats), GravityError> {
         let mut stats = FmmStats::default();
-        self.build_lists(pos, mass, id, None, None, None, false, &mut stats)?;
+        self.build_lists(pos, mass, id, None, None, None, None, false, &mut stats)?;
         self.tracker.settle(&stats.used);
         self.record_presets(pos.len());
         let plan = self.device_plan().ok_or_else(|| {
@@ -400,8 +406,9 @@ impl FmmSolver {
     }
 
     /// Builds the tree (with multipoles when `host_upward`, which an exchange with other
-    /// ranks needs), imports the other ranks' trees from `remote`, and walks the lists,
-    /// growing the caps and retrying until everything fits.
+    /// ranks needs), imports the other ranks' trees from `remote`, and walks the lists for
+    /// the cells holding `active` particles (all when `None`), growing the caps and
+    /// retrying until everything fits.
     #[allow(clippy::too_many_arguments)]
     fn build_lists(
         &mut self,
@@ -411,6 +418,7 @@ impl FmmSolver {
         eps: Option<&[f64]>,
         cube: Option<BoundingCube>,
         remote: Option<&mut dyn RemoteSource>,
+        active: Option<&[bool]>,
         host_upward: bool,
         stats: &mut FmmStats,
     ) -> Result<(), GravityError> {
@@ -448,6 +456,10 @@ impl FmmSolver {
         if let Some(eps) = eps {
             let order = &self.tree.order;
             self.tree.eps.extend(order.iter().map(|&i| eps[i as usize]));
+        }
+        self.targets.clear();
+        if let Some(active) = active {
+            self.targets = self.tree.cells_holding(active);
         }
         let t0 = Instant::now();
         if n > 0 {
@@ -488,8 +500,10 @@ impl FmmSolver {
             self.m2l_buf.reset(caps.m2l_pairs);
             self.p2p_buf.reset(caps.p2p_pairs);
             if n > 0 {
-                walk(&self.tree, mac, &self.m2l_buf, &self.p2p_buf);
-                if !walk_remote(&self.tree, mac, &remote_roots, &self.m2l_buf, &self.p2p_buf) {
+                let targets = (!self.targets.is_empty()).then_some(self.targets.as_slice());
+                walk(&self.tree, targets, mac, &self.m2l_buf, &self.p2p_buf);
+                let (m2l, p2p) = (&self.m2l_buf, &self.p2p_buf);
+                if !walk_remote(&self.tree, targets, mac, &remote_roots, m2l, p2p) {
                     return Err(GravityError::Communication(
                         "a locally essential tree from another rank lacks cells that this rank's walk needs; the exchange is inconsistent".into(),
                     ));
@@ -702,9 +716,13 @@ impl FmmSolver {
             let (above, rest) = self.locals.split_at_mut(lo * len);
             let this_level = &mut rest[..(hi - lo) * len];
             let above: &[f64] = above;
+            let targets = &self.targets;
             this_level.par_chunks_mut(len).enumerate().for_each_init(
                 || vec![0.0; len],
                 |scratch, (i, local)| {
+                    if targets.get(lo + i) == Some(&false) {
+                        return;
+                    }
                     let cell = &tree.cells[lo + i];
                     let parent = &tree.cells[cell.parent as usize];
                     let s = [
@@ -742,8 +760,10 @@ impl FmmSolver {
     fn l2p_pass(&mut self, len: usize) {
         let g = self.settings.g;
         let (tree, locals, ops) = (&self.tree, &self.locals, &self.ops);
+        let targets = &self.targets;
         Self::leaf_slices(tree, &mut self.acc, &mut self.pot)
             .into_par_iter()
+            .filter(|(leaf, _, _)| targets.get(*leaf as usize) != Some(&false))
             .for_each(|(leaf, acc, pot)| {
                 let cell = &tree.cells[leaf as usize];
                 let local = &locals[leaf as usize * len..(leaf as usize + 1) * len];

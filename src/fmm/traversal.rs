@@ -72,6 +72,8 @@ const LOCAL_BATCH: usize = 1024;
 
 struct Walker<'a> {
     cells: &'a [Cell],
+    /// Which own cells receive forces (`None`: all of them).
+    targets: Option<&'a [bool]>,
     mac: Mac,
     m2l: &'a CappedBuffer,
     p2p: &'a CappedBuffer,
@@ -88,9 +90,16 @@ struct Pending {
 }
 
 impl<'a> Walker<'a> {
-    fn new(tree: &'a Tree, mac: Mac, m2l: &'a CappedBuffer, p2p: &'a CappedBuffer) -> Self {
+    fn new(
+        tree: &'a Tree,
+        targets: Option<&'a [bool]>,
+        mac: Mac,
+        m2l: &'a CappedBuffer,
+        p2p: &'a CappedBuffer,
+    ) -> Self {
         Walker {
             cells: &tree.cells,
+            targets,
             mac,
             m2l,
             p2p,
@@ -98,8 +107,20 @@ impl<'a> Walker<'a> {
         }
     }
 
-    fn push_m2l(&self, pending: &mut Pending, pair: [u64; 2]) {
-        pending.m2l.extend_from_slice(&pair);
+    /// Whether own cell `c` receives forces.
+    fn is_target(&self, c: u32) -> bool {
+        self.targets.is_none_or(|t| t[c as usize])
+    }
+
+    /// The directed pairs of `a` and `b` whose target receives forces.
+    fn both_ways(&self, a: u32, b: u32) -> impl Iterator<Item = u64> {
+        let ab = self.is_target(a).then(|| pack(a, b));
+        let ba = self.is_target(b).then(|| pack(b, a));
+        ab.into_iter().chain(ba)
+    }
+
+    fn push_m2l(&self, pending: &mut Pending, pairs: impl Iterator<Item = u64>) {
+        pending.m2l.extend(pairs);
         if pending.m2l.len() >= LOCAL_BATCH {
             self.m2l.push_all(&pending.m2l);
             pending.m2l.clear();
@@ -122,6 +143,9 @@ impl<'a> Walker<'a> {
     }
 
     fn interact(&self, a: u32, b: u32, pending: &mut Pending) {
+        if !self.is_target(a) && !self.is_target(b) {
+            return;
+        }
         let (ca, cb) = (&self.cells[a as usize], &self.cells[b as usize]);
         if a == b {
             if ca.is_leaf() {
@@ -134,9 +158,14 @@ impl<'a> Walker<'a> {
                 }
             }
         } else if self.mac.accepts(ca, cb) {
-            self.push_m2l(pending, [pack(a, b), pack(b, a)]);
+            self.push_m2l(pending, self.both_ways(a, b));
         } else if ca.is_leaf() && cb.is_leaf() {
-            self.push_p2p(pending, &[pack(a, b), pack(b, a)]);
+            let (mut pairs, mut k) = ([0u64; 2], 0);
+            for pair in self.both_ways(a, b) {
+                pairs[k] = pair;
+                k += 1;
+            }
+            self.push_p2p(pending, &pairs[..k]);
         } else if open_second(ca, cb) {
             for c in cb.children() {
                 self.interact(a, c, pending);
@@ -171,9 +200,12 @@ impl<'a> Walker<'a> {
     /// What the walk does with the pair (own `a`, remote `c`): records an interaction, or
     /// says which cell to open.
     fn remote_step(&self, a: u32, c: u32, pending: &mut Pending) -> RemoteStep {
+        if !self.is_target(a) {
+            return RemoteStep::Done;
+        }
         let (ca, cc) = (&self.cells[a as usize], &self.cells[c as usize]);
         if self.mac.accepts(ca, cc) {
-            self.push_m2l_one(pending, pack(a, c));
+            self.push_m2l(pending, std::iter::once(pack(a, c)));
             RemoteStep::Done
         } else if ca.is_tree_leaf() && cc.is_tree_leaf() {
             if cc.count() == 0 {
@@ -189,14 +221,6 @@ impl<'a> Walker<'a> {
             RemoteStep::OpenRemote
         } else {
             RemoteStep::OpenOwn
-        }
-    }
-
-    fn push_m2l_one(&self, pending: &mut Pending, pair: u64) {
-        pending.m2l.push(pair);
-        if pending.m2l.len() >= LOCAL_BATCH {
-            self.m2l.push_all(&pending.m2l);
-            pending.m2l.clear();
         }
     }
 
@@ -219,10 +243,17 @@ impl<'a> Walker<'a> {
     }
 }
 
-/// Walks the tree and fills the two buffers. Pairs are pushed from many threads in no
-/// particular order; callers sort them.
-pub fn walk(tree: &Tree, mac: Mac, m2l: &CappedBuffer, p2p: &CappedBuffer) {
-    let walker = Walker::new(tree, mac, m2l, p2p);
+/// Walks the tree and fills the two buffers with the pairs whose target is in `targets`
+/// (every cell when `None`). Pairs are pushed from many threads in no particular order;
+/// callers sort them.
+pub fn walk(
+    tree: &Tree,
+    targets: Option<&[bool]>,
+    mac: Mac,
+    m2l: &CappedBuffer,
+    p2p: &CappedBuffer,
+) {
+    let walker = Walker::new(tree, targets, mac, m2l, p2p);
     let mut tasks = Vec::new();
     // Two levels of self-interaction splitting give up to 36 * 36 subtree tasks.
     walker.expand(0, 0, 2, &mut tasks);
@@ -249,12 +280,13 @@ enum RemoteStep {
 /// exchange: the forces would be incomplete).
 pub fn walk_remote(
     tree: &Tree,
+    targets: Option<&[bool]>,
     mac: Mac,
     remote_roots: &[u32],
     m2l: &CappedBuffer,
     p2p: &CappedBuffer,
 ) -> bool {
-    let walker = Walker::new(tree, mac, m2l, p2p);
+    let walker = Walker::new(tree, targets, mac, m2l, p2p);
     // Follow the walk's own decisions a few levels down, breadth first, to get tasks that
     // spread over the threads (the pairs are the same as a serial walk's).
     let mut pending = Pending::default();
@@ -312,7 +344,7 @@ mod tests {
             theta: 0.6,
             support: 0.0,
         };
-        walk(&tree, mac, &m2l, &p2p);
+        walk(&tree, None, mac, &m2l, &p2p);
         let (a, b) = (m2l.take(), p2p.take());
         assert!(!a.is_empty(), "the test must exercise far pairs");
         // Count, for every directed particle pair, how many list entries cover it.

@@ -244,6 +244,22 @@ impl Tree {
     /// The own particles' positions (sorted order) as other ranks receive them
     /// (`quantise_position` in their leaf). A rank uses these, not the exact ones, for its
     /// side of every near pair with another rank's particles, so that each such pair is the
+    /// For each own cell, whether it holds a particle flagged in `flags` (the caller's
+    /// order, as given to `build`).
+    pub fn cells_holding(&self, flags: &[bool]) -> Vec<bool> {
+        let mut before = Vec::with_capacity(self.own_particles + 1);
+        before.push(0u32);
+        let mut count = 0;
+        for &orig in &self.order {
+            count += u32::from(flags[orig as usize]);
+            before.push(count);
+        }
+        self.cells[..self.own_cells]
+            .iter()
+            .map(|c| before[c.end as usize] > before[c.begin as usize])
+            .collect()
+    }
+
     /// mirror image of the pair on the other rank and momentum stays conserved.
     pub fn wire_positions(&self) -> Vec<[f64; 3]> {
         let mut out = vec![[0.0; 3]; self.own_particles];

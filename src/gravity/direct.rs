@@ -132,17 +132,40 @@ impl GravitySolver for DirectSummation {
     }
 
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
+        let all: Vec<u32> = (0..particles.len() as u32).collect();
+        self.compute_targets(particles, &all)
+    }
+
+    fn compute_active(
+        &mut self,
+        particles: &mut Particles,
+        active: &[bool],
+    ) -> Result<ForceReport, GravityError> {
+        let targets: Vec<u32> = (0..particles.len() as u32)
+            .filter(|&i| active[i as usize])
+            .collect();
+        self.compute_targets(particles, &targets)
+    }
+}
+
+impl DirectSummation {
+    /// The forces on the particles `targets` from all particles.
+    fn compute_targets(
+        &self,
+        particles: &mut Particles,
+        targets: &[u32],
+    ) -> Result<ForceReport, GravityError> {
         check_finite(particles)?;
         let start = Instant::now();
+        let n = particles.len();
+        particles.acc.resize(n, [0.0; 3]);
+        particles.pot.resize(n, 0.0);
+        let at: Vec<[f64; 3]> = targets.iter().map(|&i| particles.pos[i as usize]).collect();
+        let (mut acc, mut pot) = (vec![[0.0; 3]; at.len()], vec![0.0; at.len()]);
         match self.component_softening {
             None => {
                 let sources = SourceSet::new(&particles.pos, &particles.mass);
-                self.evaluate(
-                    &sources,
-                    &particles.pos,
-                    &mut particles.acc,
-                    &mut particles.pot,
-                );
+                self.evaluate(&sources, &at, &mut acc, &mut pot);
             }
             Some(table) => {
                 let eps: Vec<f64> = particles
@@ -150,19 +173,18 @@ impl GravitySolver for DirectSummation {
                     .iter()
                     .map(|c| table[c.index()])
                     .collect();
+                let target_eps: Vec<f64> = targets.iter().map(|&i| eps[i as usize]).collect();
                 let sources = SourceSet::with_softening(&particles.pos, &particles.mass, &eps);
-                self.evaluate_softened(
-                    &sources,
-                    &particles.pos,
-                    Some(&eps),
-                    &mut particles.acc,
-                    &mut particles.pot,
-                );
+                self.evaluate_softened(&sources, &at, Some(&target_eps), &mut acc, &mut pot);
             }
         }
-        let n = particles.len() as u64;
+        for (k, &i) in targets.iter().enumerate() {
+            particles.acc[i as usize] = acc[k];
+            particles.pot[i as usize] = pot[k];
+        }
+        let (t, n) = (targets.len() as u64, n as u64);
         Ok(ForceReport {
-            pair_interactions: n * n.saturating_sub(1),
+            pair_interactions: t * n.saturating_sub(1),
             seconds: start.elapsed().as_secs_f64(),
             stats: Vec::new(),
         })

@@ -73,6 +73,18 @@ pub trait GravitySolver: Send {
     /// Fills `particles.acc` and `particles.pot` (self-interaction excluded).
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError>;
 
+    /// Accelerations and potentials of the particles flagged in `active`, from every
+    /// particle (block time steps). The others keep theirs, or get fresh values too: a
+    /// solver may compute more than it is asked for (the default computes all).
+    fn compute_active(
+        &mut self,
+        particles: &mut Particles,
+        active: &[bool],
+    ) -> Result<ForceReport, GravityError> {
+        let _ = active;
+        self.compute(particles)
+    }
+
     /// Names of the figures in `ForceReport::stats`.
     fn stat_names(&self) -> Vec<&'static str> {
         Vec::new()
