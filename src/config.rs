@@ -8,6 +8,7 @@ use crate::fmm::expansion::MAX_ORDER;
 use crate::fmm::p2p::NearFieldPrecision;
 use crate::gravity::{Softening, SofteningKernel};
 use crate::ics::ModelFile;
+use crate::integrate::timestep::MAX_LEVEL;
 use crate::units::UnitSystem;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -363,10 +364,32 @@ pub struct IntegratorConfig {
     /// Use `dt_max` for every step, ignoring the acceleration criterion.
     #[serde(default)]
     pub fixed_step: bool,
+    /// One step for everybody, or each particle on its own power-of-two rung.
+    #[serde(default)]
+    pub scheme: StepScheme,
+    /// Deepest rung of the block scheme: steps down to `dt_max / 2^max_rungs`.
+    #[serde(default = "default_max_rungs")]
+    pub max_rungs: i64,
+}
+
+/// How steps are shared among the particles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum StepScheme {
+    /// Every particle takes the step its fastest one needs.
+    #[default]
+    Global,
+    /// Hierarchical (block) steps: each particle on the rung `dt_max / 2^k` its own
+    /// acceleration asks for; forces only for the particles whose step ends.
+    Block,
 }
 
 fn default_eta() -> f64 {
     0.15
+}
+
+fn default_max_rungs() -> i64 {
+    16
 }
 
 /// Storage precision of snapshot coordinates and velocities.
@@ -680,6 +703,20 @@ fn validate_integrator(s: &SourceText, i: &IntegratorConfig) -> Result<(), Confi
     }
     if !(i.eta.is_finite() && i.eta > 0.0) {
         return Err(s.invalid("integrator.eta", i.eta, "eta must be positive"));
+    }
+    if !(1..=MAX_LEVEL as i64).contains(&i.max_rungs) {
+        return Err(s.invalid(
+            "integrator.max_rungs",
+            i.max_rungs,
+            format!("between 1 and {MAX_LEVEL} rungs"),
+        ));
+    }
+    if i.scheme == StepScheme::Block && i.fixed_step {
+        return Err(s.invalid(
+            "integrator.fixed_step",
+            true,
+            "fixed steps leave nothing to the block scheme: drop fixed_step or use scheme = \"global\"",
+        ));
     }
     Ok(())
 }

@@ -87,6 +87,9 @@ pub struct Particles {
     pub id: Vec<u64>,
     /// Model component of each particle.
     pub component: Vec<Component>,
+    /// The block scheme's rung of each particle while a force evaluation may move particles
+    /// between ranks (it travels with them); empty otherwise.
+    pub rung: Vec<u8>,
 }
 
 impl Particles {
@@ -100,6 +103,7 @@ impl Particles {
             mass: Vec::with_capacity(n),
             id: Vec::with_capacity(n),
             component: Vec::with_capacity(n),
+            rung: Vec::new(),
         }
     }
 
@@ -133,6 +137,7 @@ impl Particles {
         self.mass.extend(other.mass);
         self.id.extend(other.id);
         self.component.extend(other.component);
+        self.rung.extend(other.rung);
     }
 
     /// A copy of the particles at positions `range` (accelerations and potentials where
@@ -150,7 +155,8 @@ impl Particles {
                 .unwrap_or_default(),
             mass: self.mass[range.clone()].to_vec(),
             id: self.id[range.clone()].to_vec(),
-            component: self.component[range].to_vec(),
+            component: self.component[range.clone()].to_vec(),
+            rung: self.rung.get(range).map(<[_]>::to_vec).unwrap_or_default(),
         }
     }
 

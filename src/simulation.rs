@@ -9,7 +9,7 @@
 //! decision (step size, energy, when to stop) comes from a collective, so all ranks agree.
 
 use crate::config::{
-    ConfigError, IcSource, RunConfig, RunSpec, SolverKind, flatten, resume_conflicts,
+    ConfigError, IcSource, RunConfig, RunSpec, SolverKind, StepScheme, flatten, resume_conflicts,
     whole_multiple,
 };
 use crate::distributed::comm::{
@@ -25,11 +25,14 @@ use crate::gravity::{DirectSummation, GravityError, GravitySolver, Softening, So
 use crate::ics;
 use crate::ics::Share;
 use crate::ics::sampling::{block_moments, centre_on};
+use crate::integrate::block::{Rungs, rung_for};
 use crate::integrate::diagnostics::{
     CONSERVED_SUMS, Conserved, DiagnosticsLog, PhaseTimes, RankLog, Row,
 };
-use crate::integrate::leapfrog::{drift, kick, max_acceleration, max_acceleration_by_component};
-use crate::integrate::timestep::{Timeline, TimestepError, criterion_dt};
+use crate::integrate::leapfrog::{
+    drift, kick, kick_by, max_acceleration, max_acceleration_by_component,
+};
+use crate::integrate::timestep::{TICKS_PER_DT_MAX, Timeline, TimestepError, criterion_dt};
 use crate::io::checkpoint::{self, CheckpointError};
 use crate::io::snapshot::{
     MultiFile, SnapshotError, SnapshotInfo, part_type_counts, read_snapshot, write_snapshot,
@@ -37,6 +40,7 @@ use crate::io::snapshot::{
 use crate::particles::Particles;
 use crate::progress::Progress;
 use crate::units::UnitSystem;
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -464,6 +468,57 @@ struct Simulation<'a> {
     interactions: u64,
     /// Solver figures since the last diagnostics row.
     solver_stats: Vec<SolverStat>,
+    /// Block-scheme figures since the last diagnostics row.
+    block: BlockFigures,
+}
+
+/// What the block scheme did since the last diagnostics row (summed over ranks).
+#[derive(Debug, Clone, Default)]
+struct BlockFigures {
+    /// Particle force evaluations.
+    evaluations: u64,
+    /// Those the global scheme would have made at each cycle's shortest step.
+    global_evaluations: f64,
+    /// Particles per rung at the start of the last cycle.
+    histogram: Vec<u64>,
+    /// Simulation time of the last diagnostics row.
+    since: f64,
+}
+
+impl BlockFigures {
+    /// Names of the diagnostics columns for rungs 0..=`deepest`.
+    fn names(deepest: u32) -> Vec<String> {
+        let mut names = vec![
+            "force_evaluations".to_string(),
+            "evaluations_per_particle_time".to_string(),
+            "block_saving".to_string(),
+        ];
+        names.extend((0..=deepest).map(|k| format!("rung_{k}")));
+        names
+    }
+
+    /// The columns' values at `time` for `particles` in all.
+    fn values(&self, particles: u64, time: f64, deepest: u32) -> Vec<f64> {
+        let e = self.evaluations as f64;
+        let span = time - self.since;
+        let mut v = vec![
+            e,
+            if span > 0.0 {
+                e / (particles as f64 * span)
+            } else {
+                0.0
+            },
+            if e > 0.0 {
+                self.global_evaluations / e
+            } else {
+                1.0
+            },
+        ];
+        v.extend(
+            (0..=deepest as usize).map(|k| self.histogram.get(k).copied().unwrap_or(0) as f64),
+        );
+        v
+    }
 }
 
 /// `diagnostics.csv`, and `ranks.csv` on more than one rank.
@@ -473,17 +528,25 @@ struct Logs {
 }
 
 impl Logs {
+    /// The logs with the solver's columns `names` (in both) and the run's own `extra`
+    /// columns (in diagnostics.csv only).
     fn open(
         run_dir: &Path,
         names: &[&str],
+        extra: &[String],
         ranks: usize,
         resume_step: Option<u64>,
     ) -> Result<Self, RunError> {
         let path = run_dir.join("diagnostics.csv");
+        let all: Vec<&str> = names
+            .iter()
+            .copied()
+            .chain(extra.iter().map(String::as_str))
+            .collect();
         let diagnostics = match resume_step {
-            Some(step) => DiagnosticsLog::resume(&path, step, names)
+            Some(step) => DiagnosticsLog::resume(&path, step, &all)
                 .map_err(io_err(&path, "reopening the diagnostics log"))?,
-            None => DiagnosticsLog::create(&path, names)
+            None => DiagnosticsLog::create(&path, &all)
                 .map_err(io_err(&path, "creating the diagnostics log"))?,
         };
         let ranks = if ranks > 1 {
@@ -568,7 +631,11 @@ impl<'a> Simulation<'a> {
         let logs = if rank == 0 {
             write_atomically(&run_dir.join("config.toml"), spec.source.text.as_bytes())?;
             let step = resumed.as_ref().map(|r| r.state.step);
-            Some(Logs::open(run_dir, &stat_names, ranks, step)?)
+            let block = match c.integrator.scheme {
+                StepScheme::Block => BlockFigures::names(c.integrator.max_rungs as u32),
+                StepScheme::Global => Vec::new(),
+            };
+            Some(Logs::open(run_dir, &stat_names, &block, ranks, step)?)
         } else {
             None
         };
@@ -592,6 +659,7 @@ impl<'a> Simulation<'a> {
                 (particles, state, true)
             }
         };
+        let since = timeline.time(state.ti);
         let mut sim = Simulation {
             spec,
             comm,
@@ -609,6 +677,10 @@ impl<'a> Simulation<'a> {
             wall: PhaseTimes::default(),
             interactions: 0,
             solver_stats: Vec::new(),
+            block: BlockFigures {
+                since,
+                ..BlockFigures::default()
+            },
         };
         if fresh {
             sim.start()?;
@@ -638,7 +710,7 @@ impl<'a> Simulation<'a> {
             c.integrator.t_end,
             self.spec.run_dir.display()
         ));
-        self.compute_forces()?;
+        self.compute_forces(None)?;
         self.state.energy0 = self.conserved()?.total();
         self.write_diagnostics()?;
         self.write_snapshot()?;
@@ -654,9 +726,13 @@ impl<'a> Simulation<'a> {
         Ok(Conserved::from_sums(&all))
     }
 
-    fn compute_forces(&mut self) -> Result<(), RunError> {
+    /// Forces on every particle, or with `active` on those flagged.
+    fn compute_forces(&mut self, active: Option<&[bool]>) -> Result<(), RunError> {
         let start = Instant::now();
-        let report = self.solver.compute(&mut self.particles)?;
+        let report = match active {
+            None => self.solver.compute(&mut self.particles)?,
+            Some(active) => self.solver.compute_active(&mut self.particles, active)?,
+        };
         self.interactions += report.pair_interactions;
         if self.solver_stats.len() != report.stats.len() {
             self.solver_stats = report
@@ -736,9 +812,13 @@ impl<'a> Simulation<'a> {
         })
     }
 
-    /// One kick-drift-kick step of the length the criterion allows.
+    /// One kick-drift-kick step of the length the criterion allows, or in the block scheme
+    /// one cycle of steps from a synchronisation point to the next.
     fn step(&mut self) -> Result<(), RunError> {
         let integ = &self.spec.config.integrator;
+        if integ.scheme == StepScheme::Block {
+            return self.block_cycle();
+        }
         let start = Instant::now();
         let wanted = if integ.fixed_step {
             f64::INFINITY
@@ -757,13 +837,126 @@ impl<'a> Simulation<'a> {
         kick(&mut self.particles, 0.5 * dt);
         drift(&mut self.particles, dt);
         self.wall.integrate += start.elapsed().as_secs_f64();
-        self.compute_forces()?;
+        self.compute_forces(None)?;
         let start = Instant::now();
         kick(&mut self.particles, 0.5 * dt);
         self.state.ti += Timeline::level_ticks(level);
         self.state.step += 1;
         self.state.last_dt = dt;
         self.wall.integrate += start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// The step each particle's own acceleration asks for, `eta sqrt(eps / |a|)` with its
+    /// softening length.
+    fn wanted_steps(&self) -> Vec<f64> {
+        let eta = self.spec.config.integrator.eta;
+        let eps = self.spec.config.gravity.softening;
+        let table = component_softening(self.spec);
+        let p = &self.particles;
+        p.acc
+            .par_iter()
+            .zip(p.component.par_iter())
+            .map(|(a, c)| {
+                let e = table.map_or(eps, |t| t[c.index()]);
+                criterion_dt(eta, e, (a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt())
+            })
+            .collect()
+    }
+
+    /// One cycle of the block scheme (`integrate::block`), from the synchronisation point
+    /// the run is at to the next: rungs from every particle's acceleration, the opening
+    /// half kicks, then at each tick where steps end a drift of everybody, forces for the
+    /// particles whose step ends, their closing half kick, and (unless everybody is
+    /// synchronised) a new rung and opening half kick.
+    fn block_cycle(&mut self) -> Result<(), RunError> {
+        let integ = &self.spec.config.integrator;
+        let deepest = integ.max_rungs as u32;
+        let start = Instant::now();
+        let ti0 = self.state.ti;
+        let n = self.particles.len();
+        let rung = self
+            .wanted_steps()
+            .into_iter()
+            .map(|w| rung_for(&self.timeline, ti0, w, deepest))
+            .collect::<Result<Vec<u32>, _>>()?;
+        let mut rungs = Rungs::start(ti0, rung);
+        let histogram = allreduce_sum(self.comm, &rungs.histogram(deepest))?;
+        let mut finest = rungs.rung.iter().copied().max().unwrap_or(0);
+        let mut half: Vec<f64> = rungs
+            .rung
+            .iter()
+            .map(|&r| 0.5 * self.timeline.level_dt(r))
+            .collect();
+        kick_by(&mut self.particles, &half);
+        let mut ti = ti0;
+        self.wall.integrate += start.elapsed().as_secs_f64();
+        loop {
+            let start = Instant::now();
+            let next = allgatherv(self.comm, &[rungs.next_end()])?
+                .iter()
+                .flatten()
+                .copied()
+                .min()
+                .unwrap_or(u64::MAX);
+            if next == u64::MAX {
+                // No particle on any rank: on to the next multiple of dt_max.
+                ti = (ti0 / TICKS_PER_DT_MAX + 1) * TICKS_PER_DT_MAX;
+                break;
+            }
+            drift(&mut self.particles, self.timeline.span(ti, next));
+            ti = next;
+            let active = rungs.ending_at(ti);
+            let count = active.iter().filter(|&&a| a).count() as u64;
+            let counts = allreduce_sum(self.comm, &[count, n as u64])?;
+            let everyone = counts[0] == counts[1];
+            self.block.evaluations += counts[0];
+            self.wall.integrate += start.elapsed().as_secs_f64();
+            if everyone {
+                // The full evaluation may move particles between ranks (rebalancing on the
+                // cycle's work): their rungs travel with them for the closing half kick.
+                self.particles.rung = rungs.rung.iter().map(|&r| r as u8).collect();
+                self.compute_forces(None)?;
+                let start = Instant::now();
+                let rung = std::mem::take(&mut self.particles.rung);
+                let half: Vec<f64> = rung
+                    .iter()
+                    .map(|&r| 0.5 * self.timeline.level_dt(u32::from(r)))
+                    .collect();
+                kick_by(&mut self.particles, &half);
+                self.wall.integrate += start.elapsed().as_secs_f64();
+                break;
+            }
+            self.compute_forces(Some(&active))?;
+            let start = Instant::now();
+            for i in 0..n {
+                half[i] = if active[i] {
+                    0.5 * self.timeline.level_dt(rungs.rung[i])
+                } else {
+                    0.0
+                };
+            }
+            kick_by(&mut self.particles, &half);
+            let wanted = self.wanted_steps();
+            for i in 0..n {
+                half[i] = 0.0;
+                if active[i] {
+                    let r = rung_for(&self.timeline, ti, wanted[i], deepest)?;
+                    rungs.restart(i, ti, r);
+                    finest = finest.max(r);
+                    half[i] = 0.5 * self.timeline.level_dt(r);
+                }
+            }
+            kick_by(&mut self.particles, &half);
+            self.wall.integrate += start.elapsed().as_secs_f64();
+        }
+        let finest = allreduce_max(self.comm, &[f64::from(finest)])?[0] as u32;
+        let cycle = (ti - ti0) / Timeline::level_ticks(finest);
+        self.block.global_evaluations += (histogram.iter().sum::<u64>() * cycle) as f64;
+        self.block.histogram = histogram;
+        self.state.ti = ti;
+        self.state.step += 1;
+        self.state.last_dt = self.timeline.level_dt(finest);
         Ok(())
     }
 
@@ -786,6 +979,11 @@ impl<'a> Simulation<'a> {
                 }
             }
             let time = self.timeline.time(self.state.ti);
+            let integ = &self.spec.config.integrator;
+            if integ.scheme == StepScheme::Block {
+                let total = self.block.histogram.iter().sum::<u64>();
+                largest.extend(self.block.values(total, time, integ.max_rungs as u32));
+            }
             let row = Row {
                 step: self.state.step,
                 time,
@@ -814,6 +1012,11 @@ impl<'a> Simulation<'a> {
         }
         self.wall = PhaseTimes::default();
         self.interactions = 0;
+        self.block = BlockFigures {
+            histogram: std::mem::take(&mut self.block.histogram),
+            since: self.timeline.time(self.state.ti),
+            ..BlockFigures::default()
+        };
         for stat in self.solver_stats.iter_mut().filter(|s| s.summed) {
             stat.value = 0.0;
         }

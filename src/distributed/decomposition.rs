@@ -114,6 +114,7 @@ struct Record {
     work: f64,
     id: u64,
     component: u64,
+    rung: u64,
 }
 
 fn component_code(c: Component) -> u64 {
@@ -123,8 +124,8 @@ fn component_code(c: Component) -> u64 {
 /// Moves every particle (with its work) to the rank owning its key. Particles that stay
 /// keep their order (and their accelerations and potentials); the arrivals follow, by source
 /// rank, then in the source's order, with zero accelerations and potentials until the next
-/// evaluation: deterministic. Velocities are kept when any rank has them. Returns how many
-/// left.
+/// evaluation: deterministic. Velocities and block-scheme rungs are kept when any rank has
+/// them. Returns how many left.
 pub fn migrate(
     comm: &dyn Communicator,
     domains: &Domains,
@@ -134,7 +135,11 @@ pub fn migrate(
     let me = comm.rank();
     // Decided together: a rank that holds no particles (say, one that sampled none of the
     // initial conditions) must still keep the velocities of those it receives.
-    let has_vel = allreduce_sum(comm, &[u64::from(!p.vel.is_empty())])?[0] > 0;
+    let has = allreduce_sum(
+        comm,
+        &[u64::from(!p.vel.is_empty()), u64::from(!p.rung.is_empty())],
+    )?;
+    let (has_vel, has_rung) = (has[0] > 0, has[1] > 0);
     let owners: Vec<usize> = p
         .pos
         .par_iter()
@@ -150,6 +155,7 @@ pub fn migrate(
                 work: work.get(i).copied().unwrap_or(0.0),
                 id: p.id[i],
                 component: component_code(p.component[i]),
+                rung: p.rung.get(i).copied().map_or(0, u64::from),
             });
         }
     }
@@ -164,6 +170,7 @@ pub fn migrate(
         keep(&mut p.mass, &stays);
         keep(&mut p.id, &stays);
         keep(&mut p.component, &stays);
+        keep(&mut p.rung, &stays);
         keep(work, &stays);
     }
     work.resize(p.len(), 0.0);
@@ -179,6 +186,9 @@ pub fn migrate(
         p.mass.push(r.mass);
         p.id.push(r.id);
         p.component.push(c);
+        if has_rung {
+            p.rung.push(r.rung as u8);
+        }
         work.push(r.work);
     }
     p.acc.resize(p.len(), [0.0; 3]);

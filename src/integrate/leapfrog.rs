@@ -15,6 +15,21 @@ pub fn kick(p: &mut Particles, h: f64) {
         });
 }
 
+/// `v += a h[i]` for each particle i (the block scheme's kicks; h = 0 leaves one alone).
+pub fn kick_by(p: &mut Particles, h: &[f64]) {
+    p.vel
+        .par_iter_mut()
+        .zip(p.acc.par_iter())
+        .zip(h.par_iter())
+        .for_each(|((v, a), &h)| {
+            if h != 0.0 {
+                for k in 0..3 {
+                    v[k] += a[k] * h;
+                }
+            }
+        });
+}
+
 /// `x += v h` for every particle.
 pub fn drift(p: &mut Particles, h: f64) {
     p.pos

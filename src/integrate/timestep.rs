@@ -15,13 +15,15 @@ pub const TICKS_PER_DT_MAX: u64 = 1 << MAX_LEVEL;
 /// The step the accuracy criterion asks for cannot be represented.
 #[derive(Debug, Error)]
 #[error(
-    "at t = {time} the time step criterion asks for dt = {wanted:e}, below dt_max/2^{MAX_LEVEL}; the run is unresolved (check the softening, eta and the initial conditions)"
+    "at t = {time} the time step criterion asks for dt = {wanted:e}, below dt_max/2^{deepest}; the run is unresolved (check the softening, eta and the initial conditions, or raise integrator.max_rungs)"
 )]
 pub struct TimestepError {
     /// Simulation time.
     pub time: f64,
     /// Step the criterion asked for.
     pub wanted: f64,
+    /// Deepest level allowed.
+    pub deepest: u32,
 }
 
 /// Integer timeline of one run.
@@ -37,6 +39,12 @@ impl Timeline {
         let whole = (ti / TICKS_PER_DT_MAX) as f64 * self.dt_max;
         let frac = (ti % TICKS_PER_DT_MAX) as f64 * (self.dt_max / TICKS_PER_DT_MAX as f64);
         whole + frac
+    }
+
+    /// Time from tick `from` to tick `to` (exact: a whole number of ticks below 2^53,
+    /// scaled by a power of two).
+    pub fn span(&self, from: u64, to: u64) -> f64 {
+        (to - from) as f64 * (self.dt_max / TICKS_PER_DT_MAX as f64)
     }
 
     /// Ticks in `count` whole steps of `dt_max`.
@@ -63,6 +71,7 @@ impl Timeline {
                 return Err(TimestepError {
                     time: self.time(ti),
                     wanted,
+                    deepest: MAX_LEVEL,
                 });
             }
         }
