@@ -172,6 +172,10 @@ fn a_block_run_resumes_bit_exactly_and_k_ranks_agree_with_one() {
         four.column("force_evaluations").iter().sum(),
     );
     eprintln!("FMM block runs: |dE/E| K=1 {e1:.3e}, K=4 {e4:.3e}; evaluations {n1} and {n4}");
+    for run in [&one, &four] {
+        let retries: f64 = run.column("fmm_retries").iter().skip(2).sum();
+        assert_eq!(retries, 0.0, "retries after the first cycle");
+    }
     assert!(e4 <= 1.5 * e1 + 1e-6, "{e4} vs {e1}");
     assert!((n4 - n1).abs() <= 0.02 * n1, "{n4} vs {n1} evaluations");
 }

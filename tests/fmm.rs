@@ -387,3 +387,40 @@ fn active_targets_get_the_full_evaluations_bits_for_a_fraction_of_the_work() {
     eprintln!("5% active: {ratio:.3} of the pair interactions, {m2l:.3} of the M2L pairs");
     assert!(ratio < 0.15 && m2l < 0.3, "{ratio} {m2l}");
 }
+
+#[test]
+fn partial_evaluations_do_not_shrink_the_caps_the_full_ones_need() {
+    // Block time steps: many evaluations for a few particles between full ones. The caps
+    // must stay sized for the full evaluations (no retry there), not shrink on the small ones.
+    let s = set("plummer", 20_000, 9);
+    let n = s.pos.len();
+    let mut solver = FmmSolver::new(settings(5, 0.7, 32, NearFieldPrecision::Mixed), None);
+    let (mut acc, mut pot) = (vec![[0.0; 3]; n], vec![0.0; n]);
+    solver
+        .evaluate(&s.pos, &s.mass, &s.id, &mut acc, &mut pot)
+        .unwrap();
+    let few: Vec<bool> = (0..n).map(|i| i % 500 == 0).collect();
+    for _ in 0..20 {
+        let part = solver
+            .evaluate_with(
+                &s.pos,
+                &s.mass,
+                &s.id,
+                None,
+                None,
+                None,
+                Some(&few),
+                &mut acc,
+                &mut pot,
+            )
+            .unwrap();
+        assert_eq!(part.retries, 0);
+    }
+    let full = solver
+        .evaluate(&s.pos, &s.mass, &s.id, &mut acc, &mut pot)
+        .unwrap();
+    assert_eq!(
+        full.retries, 0,
+        "the caps shrank on the partial evaluations"
+    );
+}
