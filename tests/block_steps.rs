@@ -6,7 +6,98 @@
 mod common;
 
 use common::*;
+use leapfmm::config::Precision;
+use leapfmm::io::snapshot::{SnapshotInfo, write_snapshot};
+use leapfmm::particles::{Component, Particles};
+use leapfmm::units::UnitSystem;
 use std::path::Path;
+
+/// Writes a two-body orbit (masses 1 and 0.1, semi-major axis 1, eccentricity 0.9, G = 1,
+/// both at apocentre, centre-of-mass frame) as an initial-conditions file.
+fn two_body_ic(path: &Path) {
+    let (m1, m2, a, e): (f64, f64, f64, f64) = (1.0, 0.1, 1.0, 0.9);
+    let m = m1 + m2;
+    let r = a * (1.0 + e);
+    let v = (m * (1.0 - e) / (a * (1.0 + e))).sqrt();
+    let mut p = Particles::with_capacity(2);
+    p.push(
+        [-m2 / m * r, 0.0, 0.0],
+        [0.0, -m2 / m * v, 0.0],
+        m1,
+        1,
+        Component::Generic,
+    );
+    p.push(
+        [m1 / m * r, 0.0, 0.0],
+        [0.0, m1 / m * v, 0.0],
+        m2,
+        2,
+        Component::Generic,
+    );
+    let info = SnapshotInfo {
+        time: 0.0,
+        units: UnitSystem::Nbody,
+        precision: Precision::Double,
+        potential: false,
+        acceleration: false,
+        parameters: Vec::new(),
+        settings_text: None,
+        multi_file: None,
+    };
+    let _hdf5 = hdf5_lock();
+    write_snapshot(path, &p, &info).unwrap();
+}
+
+/// Three periods of the two-body orbit with the `[integrator]` lines `integrator`.
+fn two_body(dir: &Path, name: &str, integrator: &str) -> Diagnostics {
+    let cfg = format!(
+        "name = \"{name}\"\nunits = \"nbody\"\n[ics]\nfile = \"{}\"\n[gravity]\nsolver = \"direct\"\nsoftening = 0.001\n[integrator]\nt_end = 18.0\n{integrator}\n[output]\ndiagnostics_every = 1\n",
+        dir.join("two_body.hdf5").display()
+    );
+    let path = write(dir, &format!("{name}.toml"), &cfg);
+    let out = run_in(dir, &["run", path.to_str().unwrap(), "--quiet"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    Diagnostics::read(&dir.join("runs").join(name).join("diagnostics.csv"))
+}
+
+#[test]
+#[ignore = "issue 8 target not met: block |dE/E| max 4.2e-4 vs 1.5e-4 for the global scheme at the smallest rung's step (with 20x fewer evaluations); see docs/benchmarks.md"]
+fn an_eccentric_binary_conserves_energy_with_block_steps_like_the_global_scheme() {
+    let dir = tempfile::tempdir().unwrap();
+    two_body_ic(&dir.path().join("two_body.hdf5"));
+    let block = two_body(dir.path(), "block", "dt_max = 0.0625\nscheme = \"block\"");
+    let finest = block
+        .column("dt")
+        .iter()
+        .skip(1)
+        .fold(f64::INFINITY, |a, &b| a.min(b));
+    let global = two_body(
+        dir.path(),
+        "global",
+        &format!("dt_max = {finest}\nfixed_step = true"),
+    );
+    let (eb, eg) = (
+        max_abs(&block.column("rel_energy_error")),
+        max_abs(&global.column("rel_energy_error")),
+    );
+    let evaluations: f64 = block.column("force_evaluations").iter().sum();
+    let global_evaluations = 2.0 * (global.rows.len() - 1) as f64;
+    let last = |d: &Diagnostics| d.column("rel_energy_error").last().copied().unwrap_or(0.0);
+    eprintln!(
+        "final |dE/E|: block {:.3e}, global {:.3e}",
+        last(&block),
+        last(&global)
+    );
+    eprintln!(
+        "two-body e = 0.9: block |dE/E| max {eb:.3e} with {evaluations} evaluations; global at dt = {finest}: {eg:.3e} with {global_evaluations}"
+    );
+    assert!(eb <= 1.5 * eg, "block {eb} vs global {eg}");
+    assert!(evaluations < global_evaluations);
+}
 
 /// A Hernquist sphere (N-body units, direct forces unless `gravity` says otherwise) run to
 /// `t_end` in `dir`; returns its diagnostics.
