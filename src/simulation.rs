@@ -239,14 +239,14 @@ pub fn choose_backend(spec: &RunSpec, ranks: usize) -> Result<Chosen, RunError> 
     })
 }
 
-/// The force solver a config asks for, on the rank `comm`, with per-component softening
-/// lengths when `component_softening` is given, its passes where `backend` says.
+/// The force solver `spec` asks for, on the rank `comm` (with its model's per-component
+/// softening lengths, if any), its passes where `backend` says.
 pub fn make_solver<C: Communicator + 'static>(
-    config: &RunConfig,
-    component_softening: Option<[f64; 4]>,
+    spec: &RunSpec,
     comm: C,
     backend: &Chosen,
 ) -> Result<Box<dyn GravitySolver>, RunError> {
+    let (config, component_softening) = (&spec.config, component_softening(spec));
     let g = config.units.gravitational_constant();
     let gravity = &config.gravity;
     // The far field's minimum separation follows the largest length any pair uses.
@@ -386,12 +386,7 @@ pub fn run(spec: &RunSpec, options: RunOptions) -> Result<RunOutcome, RunError> 
     let backend = choose_backend(spec, ranks)?;
     let threads = (rayon::current_num_threads() / ranks).max(1);
     let outcomes = run_thread_ranks(ranks, threads, RANK_TIMEOUT, |comm| {
-        let solver = make_solver(
-            &spec.config,
-            component_softening(spec),
-            comm.clone(),
-            &backend,
-        )?;
+        let solver = make_solver(spec, comm.clone(), &backend)?;
         run_rank(spec, options.clone(), comm, solver, &backend, &signals)
     })
     .map_err(|(rank, reason)| RunError::Rank {
@@ -414,12 +409,7 @@ pub fn run_with<C: Communicator + Clone + 'static>(
 ) -> Result<RunOutcome, RunError> {
     let signals = SignalGuard::install()?;
     let backend = choose_backend(spec, comm.size())?;
-    let solver = make_solver(
-        &spec.config,
-        component_softening(spec),
-        comm.clone(),
-        &backend,
-    )?;
+    let solver = make_solver(spec, comm.clone(), &backend)?;
     run_rank(spec, options, &comm, solver, &backend, &signals)
 }
 

@@ -6,6 +6,7 @@ mod common;
 use leapfmm::fmm::caps::{CapKind, Caps, CapsPolicy};
 use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::presets::PresetsStore;
+use leapfmm::fmm::solver::{Evaluation, FmmStats};
 use leapfmm::fmm::traversal::Mac;
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::accuracy::{AccuracyStats, compare, direct_at};
@@ -339,6 +340,23 @@ fn presets_carry_caps_across_solvers_and_survive_corruption() {
     );
 }
 
+/// Forces for the particles of `s` flagged in `active` only.
+fn evaluate_active(
+    solver: &mut FmmSolver,
+    s: &Set,
+    active: &[bool],
+    acc: &mut [[f64; 3]],
+    pot: &mut [f64],
+) -> FmmStats {
+    let with = Evaluation {
+        active: Some(active),
+        ..Evaluation::default()
+    };
+    solver
+        .evaluate_with(&s.pos, &s.mass, &s.id, with, acc, pot)
+        .unwrap()
+}
+
 #[test]
 fn active_targets_get_the_full_evaluations_bits_for_a_fraction_of_the_work() {
     // Block time steps evaluate forces for the active particles only: their results must be
@@ -357,19 +375,7 @@ fn active_targets_get_the_full_evaluations_bits_for_a_fraction_of_the_work() {
     let cut = radii[n / 20];
     let active: Vec<bool> = s.pos.iter().map(|x| r2(x) <= cut).collect();
     let (mut acc2, mut pot2) = (vec![[7.0; 3]; n], vec![7.0; n]);
-    let part = solver
-        .evaluate_with(
-            &s.pos,
-            &s.mass,
-            &s.id,
-            None,
-            None,
-            None,
-            Some(&active),
-            &mut acc2,
-            &mut pot2,
-        )
-        .unwrap();
+    let part = evaluate_active(&mut solver, &s, &active, &mut acc2, &mut pot2);
     for i in 0..n {
         if active[i] {
             assert_eq!(acc2[i], acc[i], "particle {i}");
@@ -401,19 +407,7 @@ fn partial_evaluations_do_not_shrink_the_caps_the_full_ones_need() {
         .unwrap();
     let few: Vec<bool> = (0..n).map(|i| i % 500 == 0).collect();
     for _ in 0..20 {
-        let part = solver
-            .evaluate_with(
-                &s.pos,
-                &s.mass,
-                &s.id,
-                None,
-                None,
-                None,
-                Some(&few),
-                &mut acc,
-                &mut pot,
-            )
-            .unwrap();
+        let part = evaluate_active(&mut solver, &s, &few, &mut acc, &mut pot);
         assert_eq!(part.retries, 0);
     }
     let full = solver

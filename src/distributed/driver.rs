@@ -11,7 +11,7 @@ use super::let_tree::{ExportWalk, LetPacket, SentGeometry, TopCell, WirePrecisio
 use crate::fmm::caps::{CapKind, Caps, CapsTracker};
 use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::presets::PresetsStore;
-use crate::fmm::solver::{FmmStats, RemoteSource, RemoteTree};
+use crate::fmm::solver::{Evaluation, FmmStats, RemoteSource, RemoteTree};
 use crate::fmm::tree::Tree;
 use crate::fmm::{FmmSettings, FmmSolver};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, SolverStat, check_finite};
@@ -293,10 +293,12 @@ impl<C: Communicator> DistributedFmm<C> {
             &particles.pos,
             &particles.mass,
             &particles.id,
-            eps.as_deref(),
-            Some(cube),
-            Some(&mut exchange),
-            active,
+            Evaluation {
+                eps: eps.as_deref(),
+                cube: Some(cube),
+                remote: Some(&mut exchange),
+                active,
+            },
             &mut particles.acc,
             &mut particles.pot,
         )?;

@@ -217,6 +217,23 @@ impl PairList {
     }
 }
 
+/// How one evaluation differs from the plain single-rank one (`Default`).
+#[derive(Default)]
+pub struct Evaluation<'a> {
+    /// Every particle's own softening length (a pair uses the larger of its two);
+    /// `settings.softening.epsilon` must then be the largest (it sets the far pairs'
+    /// minimum separation).
+    pub eps: Option<&'a [f64]>,
+    /// The global cube of a distributed run, in which the keys are taken.
+    pub cube: Option<BoundingCube>,
+    /// The other ranks' particles (their locally essential trees), brought in after the
+    /// local upward pass.
+    pub remote: Option<&'a mut dyn RemoteSource>,
+    /// Forces only for the flagged particles (block time steps); the others' values are
+    /// left as they are.
+    pub active: Option<&'a [bool]>,
+}
+
 /// A reusable FMM solver: buffers and caps persist between evaluations.
 #[derive(Debug)]
 pub struct FmmSolver {
@@ -335,30 +352,24 @@ impl FmmSolver {
         acc: &mut [[f64; 3]],
         pot: &mut [f64],
     ) -> Result<FmmStats, GravityError> {
-        self.evaluate_with(pos, mass, id, None, None, None, None, acc, pot)
+        self.evaluate_with(pos, mass, id, Evaluation::default(), acc, pot)
     }
 
-    /// `evaluate` for the particles of one rank of a distributed run: keys in the global
-    /// `cube`, and the other ranks' particles brought in by `remote` (their locally
-    /// essential trees) after the local upward pass. With `eps`, every particle has its own
-    /// softening length and a pair uses the larger of its two; `settings.softening.epsilon`
-    /// must then be the largest of them (it sets the far pairs' minimum separation).
-    #[allow(clippy::too_many_arguments)]
+    /// `evaluate` with the options of `with` (a rank of a distributed run, per-particle
+    /// softening, forces for some particles only; see `Evaluation`).
     pub fn evaluate_with(
         &mut self,
         pos: &[[f64; 3]],
         mass: &[f64],
         id: &[u64],
-        eps: Option<&[f64]>,
-        cube: Option<BoundingCube>,
-        remote: Option<&mut dyn RemoteSource>,
-        active: Option<&[bool]>,
+        with: Evaluation,
         acc: &mut [[f64; 3]],
         pot: &mut [f64],
     ) -> Result<FmmStats, GravityError> {
         let n = pos.len();
         let mut stats = FmmStats::default();
-        self.build_lists(pos, mass, id, eps, cube, remote, active, true, &mut stats)?;
+        let active = with.active;
+        self.build_lists(pos, mass, id, with, true, &mut stats)?;
         let len = real_len(self.settings.order);
         let t0 = Instant::now();
         self.m2l_pass(len);
@@ -401,7 +412,7 @@ impl FmmSolver {
         id: &[u64],
     ) -> Result<(DevicePlan, FmmStats), GravityError> {
         let mut stats = FmmStats::default();
-        self.build_lists(pos, mass, id, None, None, None, None, false, &mut stats)?;
+        self.build_lists(pos, mass, id, Evaluation::default(), false, &mut stats)?;
         self.tracker.settle(&stats.used);
         self.record_presets(pos.len());
         let plan = self.device_plan().ok_or_else(|| {
@@ -411,22 +422,24 @@ impl FmmSolver {
     }
 
     /// Builds the tree (with multipoles when `host_upward`, which an exchange with other
-    /// ranks needs), imports the other ranks' trees from `remote`, and walks the lists for
-    /// the cells holding `active` particles (all when `None`), growing the caps and
-    /// retrying until everything fits.
-    #[allow(clippy::too_many_arguments)]
+    /// ranks needs), imports the other ranks' trees from `with.remote`, and walks the lists
+    /// for the cells holding `with.active` particles, growing the caps and retrying until
+    /// everything fits.
     fn build_lists(
         &mut self,
         pos: &[[f64; 3]],
         mass: &[f64],
         id: &[u64],
-        eps: Option<&[f64]>,
-        cube: Option<BoundingCube>,
-        remote: Option<&mut dyn RemoteSource>,
-        active: Option<&[bool]>,
+        with: Evaluation,
         host_upward: bool,
         stats: &mut FmmStats,
     ) -> Result<(), GravityError> {
+        let Evaluation {
+            eps,
+            cube,
+            remote,
+            active,
+        } = with;
         let n = pos.len();
         if !self.caps_known {
             self.start_caps(n);

@@ -85,7 +85,9 @@ impl Rungs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ics::sampling::block_rng;
     use crate::integrate::timestep::TICKS_PER_DT_MAX;
+    use rand::RngExt;
 
     #[test]
     fn rung_rules_hold_over_random_sequences() {
@@ -93,13 +95,8 @@ mod tests {
         // to a longer rung off that rung's synchronisation points, every step stays inside
         // one dt_max (so every output time synchronises everybody), and the ticks advance.
         let tl = Timeline { dt_max: 0.5 };
-        let mut seed = 12345u64;
-        let mut random = move || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut rng = block_rng(12345, 0, 0);
+        let mut random = move || rng.random::<f64>();
         for trial in 0..50 {
             let n = 40;
             let deepest = 1 + trial % 8;
