@@ -102,16 +102,7 @@ fn rotating_bar_amplitude_pattern_speed_and_plots() {
     for k in 0..4 {
         let t = k as f64 * dt;
         let p = disk(a, omega * t, 0.3);
-        let info = SnapshotInfo {
-            time: t,
-            units: UnitSystem::Galactic,
-            precision: Precision::Double,
-            potential: false,
-            acceleration: false,
-            parameters: Vec::new(),
-            settings_text: None,
-            multi_file: None,
-        };
+        let info = SnapshotInfo::new(t, UnitSystem::Galactic, Precision::Double);
         write_snapshot(&snaps.join(format!("snap_{k:03}.hdf5")), &p, &info).unwrap();
     }
     let out = dir.path().join("analysis");

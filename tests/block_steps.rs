@@ -34,16 +34,7 @@ fn two_body_ic(path: &Path) {
         2,
         Component::Generic,
     );
-    let info = SnapshotInfo {
-        time: 0.0,
-        units: UnitSystem::Nbody,
-        precision: Precision::Double,
-        potential: false,
-        acceleration: false,
-        parameters: Vec::new(),
-        settings_text: None,
-        multi_file: None,
-    };
+    let info = SnapshotInfo::new(0.0, UnitSystem::Nbody, Precision::Double);
     let _hdf5 = hdf5_lock();
     write_snapshot(path, &p, &info).unwrap();
 }

@@ -263,17 +263,11 @@ fn export(path: &std::path::Path, workloads: &[Workload], sizes: &[usize]) -> Re
         Workload::DiskInHalo => UnitSystem::Galactic,
     };
     let info = SnapshotInfo {
-        time: 0.0,
-        units,
-        precision: Precision::Double,
-        potential: false,
-        acceleration: false,
         parameters: vec![(
             "gravity.softening".into(),
             toml::Value::Float(w.softening(n)),
         )],
-        settings_text: None,
-        multi_file: None,
+        ..SnapshotInfo::new(0.0, units, Precision::Double)
     };
     write_snapshot(path, &particles, &info)?;
     eprintln!(

@@ -70,18 +70,14 @@ pub fn execute(args: IcsArgs) -> Result<()> {
         "ics.seed".into(),
         toml::Value::String(args.seed.to_string()),
     ));
+    let precision = match args.precision {
+        PrecisionArg::Single => Precision::Single,
+        PrecisionArg::Double => Precision::Double,
+    };
     let info = SnapshotInfo {
-        time: 0.0,
-        units: model.units,
-        precision: match args.precision {
-            PrecisionArg::Single => Precision::Single,
-            PrecisionArg::Double => Precision::Double,
-        },
-        potential: false,
-        acceleration: false,
         parameters,
         settings_text: Some(&text),
-        multi_file: None,
+        ..SnapshotInfo::new(0.0, model.units, precision)
     };
     write_snapshot(&args.output, &particles, &info)?;
     if let Some(path) = &args.curves {

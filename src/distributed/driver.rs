@@ -255,8 +255,14 @@ impl<C: Communicator> DistributedFmm<C> {
         let comm: &dyn Communicator = &self.comm;
         let t0 = Instant::now();
         let cube = global_cube(comm, &particles.pos).map_err(comm_err)?;
-        let idle = active.map_or(0, |a| a.iter().filter(|&&x| !x).count() as u64);
-        let everyone = allreduce_sum(comm, &[idle]).map_err(comm_err)?[0] == 0;
+        // Every rank passes `active` or none does (the integrator's scheme decides).
+        let everyone = match active {
+            None => true,
+            Some(a) => {
+                let idle = a.iter().filter(|&&x| !x).count() as u64;
+                allreduce_sum(comm, &[idle]).map_err(comm_err)?[0] == 0
+            }
+        };
         let active = if everyone { None } else { active };
         let mut migrated = 0;
         if comm.size() > 1 && everyone {

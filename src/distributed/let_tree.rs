@@ -260,11 +260,6 @@ impl ExportWalk {
         Ok(())
     }
 
-    /// The receiver's cells received (its geometry as far as the walk needed it).
-    pub fn received_cells(&self) -> usize {
-        self.receiver.len()
-    }
-
     /// The locally essential tree the walk collected, with `len` multipole values per own
     /// cell in `multipoles`.
     pub fn finish(&self, tree: &Tree, multipoles: &[f64], len: usize) -> LetPacket {

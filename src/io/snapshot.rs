@@ -59,6 +59,22 @@ pub struct SnapshotInfo<'a> {
     pub multi_file: Option<MultiFile>,
 }
 
+impl SnapshotInfo<'_> {
+    /// A single-file snapshot at `time` with positions, velocities, masses and IDs only.
+    pub fn new(time: f64, units: UnitSystem, precision: Precision) -> Self {
+        SnapshotInfo {
+            time,
+            units,
+            precision,
+            potential: false,
+            acceleration: false,
+            parameters: Vec::new(),
+            settings_text: None,
+            multi_file: None,
+        }
+    }
+}
+
 /// The set a file of a multi-file snapshot belongs to (GADGET `snapdir_NNN/snap_NNN.R.hdf5`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct MultiFile {
