@@ -7,7 +7,9 @@ use super::comm::{
     Communicator, ThreadRank, allgatherv, allreduce_sum, alltoallv, run_thread_ranks,
 };
 use super::decomposition::{Domains, balance, global_cube, migrate};
-use super::let_tree::{ExportWalk, LetPacket, SentGeometry, TopCell, WirePrecision, import};
+use super::let_tree::{
+    ExportWalk, LetPacket, SentGeometry, WirePrecision, decode_geometry, encode_geometry, import,
+};
 use crate::fmm::caps::{CapKind, Caps, CapsTracker};
 use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::presets::PresetsStore;
@@ -84,11 +86,25 @@ struct Exchange<'a> {
     stats: RankStats,
 }
 
+impl Exchange<'_> {
+    /// How the packets travel: compressed for the mixed-precision near field.
+    fn precision(&self) -> WirePrecision {
+        match self.settings.near_field {
+            NearFieldPrecision::Mixed => WirePrecision::Single,
+            NearFieldPrecision::Double => WirePrecision::Double,
+        }
+    }
+}
+
 fn comm_err(e: super::comm::CommError) -> GravityError {
     GravityError::Communication(e.to_string())
 }
 
 impl RemoteSource for Exchange<'_> {
+    fn quantises_positions(&self) -> bool {
+        self.comm.size() > 1 && self.precision() == WirePrecision::Single
+    }
+
     fn remote_trees(
         &mut self,
         tree: &Tree,
@@ -107,15 +123,18 @@ impl RemoteSource for Exchange<'_> {
         // cells each exporter's walk needs to open.
         let min_count = COARSE_LEAVES * self.settings.leaf_size.max(1);
         let (coarse_sent, coarse) = SentGeometry::coarse(tree, min_count);
-        let coarse: Vec<Vec<TopCell>> = allgatherv(comm, &coarse).map_err(comm_err)?;
+        let coarse = allgatherv(comm, &encode_geometry(&coarse)).map_err(comm_err)?;
+        let mut geometry_bytes: usize = (0..k).filter(|&r| r != me).map(|r| coarse[r].len()).sum();
         let mut sent = vec![coarse_sent; k];
-        let mut walks: Vec<ExportWalk> = coarse
-            .iter()
-            .enumerate()
-            .map(|(j, c)| ExportWalk::new(tree, if j == me { Vec::new() } else { c.clone() }))
-            .collect();
-        let cell_bytes = std::mem::size_of::<TopCell>();
-        let mut geometry_bytes = 0;
+        let mut walks = Vec::with_capacity(k);
+        for (j, bytes) in coarse.iter().enumerate() {
+            let cells = if j == me {
+                Vec::new()
+            } else {
+                decode_geometry(bytes).map_err(GravityError::Communication)?
+            };
+            walks.push(ExportWalk::new(tree, cells));
+        }
         loop {
             let requests: Vec<Vec<u32>> =
                 walks.par_iter_mut().map(|w| w.advance(tree, mac)).collect();
@@ -127,21 +146,19 @@ impl RemoteSource for Exchange<'_> {
             let replies = sent
                 .iter_mut()
                 .zip(&asked)
-                .map(|(s, a)| s.children(tree, a))
+                .map(|(s, a)| s.children(tree, a).map(|c| encode_geometry(&c)))
                 .collect::<Result<Vec<_>, String>>()
                 .map_err(GravityError::Communication)?;
             let got = alltoallv(comm, &replies).map_err(comm_err)?;
             for ((w, r), g) in walks.iter_mut().zip(&requests).zip(&got) {
-                w.add_children(r, g).map_err(GravityError::Communication)?;
-                geometry_bytes += g.len() * cell_bytes;
+                let children = decode_geometry(g).map_err(GravityError::Communication)?;
+                w.add_children(r, &children)
+                    .map_err(GravityError::Communication)?;
+                geometry_bytes += g.len();
             }
             geometry_bytes += asked.iter().map(|a| a.len() * 4).sum::<usize>();
         }
-        self.stats.geometry_bytes_received = geometry_bytes
-            + (0..k)
-                .filter(|&r| r != me)
-                .map(|r| coarse[r].len() * cell_bytes)
-                .sum::<usize>();
+        self.stats.geometry_bytes_received = geometry_bytes;
         let packets: Vec<LetPacket> = walks
             .par_iter()
             .map(|w| w.finish(tree, multipoles, len))
@@ -178,10 +195,7 @@ impl RemoteSource for Exchange<'_> {
             let_particles: need_particles,
             ..stats.used
         };
-        let precision = match self.settings.near_field {
-            NearFieldPrecision::Mixed => WirePrecision::Single,
-            NearFieldPrecision::Double => WirePrecision::Double,
-        };
+        let precision = self.precision();
         let out: Vec<Vec<u8>> = packets.iter().map(|p| p.encode(precision)).collect();
         self.stats.let_bytes_sent = out.iter().map(Vec::len).sum();
         let incoming = comm.alltoall_bytes(out).map_err(comm_err)?;
@@ -192,8 +206,8 @@ impl RemoteSource for Exchange<'_> {
                 continue;
             }
             received += bytes.len();
-            let packet =
-                LetPacket::decode(bytes, precision).map_err(GravityError::Communication)?;
+            let packet = LetPacket::decode(bytes, precision, walks[j].receiver_cells())
+                .map_err(GravityError::Communication)?;
             if !packet.cells.is_empty() {
                 trees.push(import(&packet, len));
             }

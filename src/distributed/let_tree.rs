@@ -23,10 +23,9 @@ use std::collections::VecDeque;
 /// `TopCell::first_child` of a cell whose children were not sent.
 const CHILDREN_NOT_SENT: u32 = u32::MAX;
 
-/// Geometry of one cell of a rank's tree, as other ranks see it (24 bytes: the tree keeps
-/// its geometry f32-representable).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable)]
+/// Geometry of one cell of a rank's tree, as other ranks see it (the tree keeps its
+/// geometry f32-representable; `encode_geometry` for the wire).
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TopCell {
     /// Centre of mass.
     pub centre: [f32; 3],
@@ -61,6 +60,70 @@ impl TopCell {
         }
         self.first_child..self.first_child + self.child_count
     }
+}
+
+/// Bytes of one cell's geometry on the wire (`encode_geometry`).
+const GEOMETRY_BYTES: usize = 17;
+
+/// `encode_geometry`'s flag in the byte of the child count: the children follow.
+const CHILDREN_FOLLOW: u8 = 0x80;
+
+/// Cells' geometry as bytes, 17 per cell: centre and radius (f32, little-endian) and the
+/// number of children, flagged when the children were sent too (then they come later in the
+/// same list, breadth first, children contiguous, as in `SentGeometry::coarse`).
+pub fn encode_geometry(cells: &[TopCell]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(cells.len() * GEOMETRY_BYTES);
+    for c in cells {
+        for v in c.centre.iter().chain([&c.r_max]) {
+            out.extend_from_slice(&v.to_le_bytes());
+        }
+        let follow = if c.child_count > 0 && !c.hides_children() {
+            CHILDREN_FOLLOW
+        } else {
+            0
+        };
+        out.push(c.child_count as u8 | follow);
+    }
+    out
+}
+
+/// The inverse of `encode_geometry`.
+pub fn decode_geometry(bytes: &[u8]) -> Result<Vec<TopCell>, String> {
+    let bad = || "another rank's tree geometry arrived malformed".to_string();
+    if !bytes.len().is_multiple_of(GEOMETRY_BYTES) {
+        return Err(bad());
+    }
+    let mut next = 1u32;
+    let mut out = Vec::with_capacity(bytes.len() / GEOMETRY_BYTES);
+    for record in bytes.chunks_exact(GEOMETRY_BYTES) {
+        let f = |k: usize| {
+            f32::from_le_bytes([
+                record[4 * k],
+                record[4 * k + 1],
+                record[4 * k + 2],
+                record[4 * k + 3],
+            ])
+        };
+        let count = u32::from(record[16] & !CHILDREN_FOLLOW);
+        let first_child = if count == 0 {
+            0
+        } else if record[16] & CHILDREN_FOLLOW != 0 {
+            next += count;
+            next - count
+        } else {
+            CHILDREN_NOT_SENT
+        };
+        out.push(TopCell {
+            centre: [f(0), f(1), f(2)],
+            r_max: f(3),
+            first_child,
+            child_count: count,
+        });
+    }
+    if next as usize > out.len().max(1) {
+        return Err(bad());
+    }
+    Ok(out)
 }
 
 /// The geometry of one cell of `tree`, its children not (yet) sent.
@@ -133,8 +196,8 @@ const UNIFORM_MASS: u32 = 4;
 /// `LetCell::flags` bit: the cell's particles share one softening length, sent once.
 const UNIFORM_EPS: u32 = 8;
 
-/// One cell of a locally essential tree (it travels as a `WireCell`; the receiver needs no
-/// mass: the monopole is in the multipole).
+/// One cell of a locally essential tree (it travels as a few flag bits, `push_cells`; the
+/// receiver needs no mass: the monopole is in the multipole).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 pub struct LetCell {
@@ -196,6 +259,13 @@ pub struct ExportWalk {
 }
 
 impl ExportWalk {
+    /// The receiver's cells received so far, root first: after the walk, all the geometry
+    /// of the receiver's tree that the packet it sends back refers to (the two walks are
+    /// mirror images; `LetPacket::decode`).
+    pub fn receiver_cells(&self) -> &[TopCell] {
+        &self.receiver
+    }
+
     /// The walk of `tree` for the receiver whose coarse tree is `receiver`.
     pub fn new(tree: &Tree, receiver: Vec<TopCell>) -> Self {
         let start = if tree.own_particles == 0 || receiver.is_empty() {
@@ -323,9 +393,10 @@ impl ExportWalk {
 /// whose own rounding is coarser, and exact otherwise.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WirePrecision {
-    /// Positions as 24-bit offsets from their leaf's centre in units of `r_max / (2^23 - 1)`
-    /// (9 bytes per particle, see `quantise_position`; the sender uses the same rounded
-    /// positions on its side of the near pairs, `Tree::wire_positions`); multipoles in
+    /// Positions as 18-bit offsets from their leaf's centre in units of `r_max / (2^17 - 1)`
+    /// (6.75 bytes per particle, see `quantise_position`; the sender puts its particles at
+    /// the same rounded positions for the whole evaluation, `Tree::quantise_own_positions`,
+    /// so that both ranks of every pair see the same two positions); multipoles in
     /// block floating point per degree (`MANTISSA_BITS`-bit mantissas under one
     /// power-of-two scale).
     Single,
@@ -334,7 +405,7 @@ pub enum WirePrecision {
 }
 
 /// Bytes of the count header of an encoded packet.
-const HEADER: usize = 8 * 8;
+const HEADER: usize = 10 * 8;
 
 /// Bits of each multipole coefficient's mantissa (sign included) in `WirePrecision::Single`:
 /// the error is at most 2^-20 of the largest coefficient of the same degree, small enough
@@ -345,17 +416,93 @@ const MANTISSA_BITS: u32 = 24;
 /// Bits of a degree's power-of-two scale.
 const EXPONENT_BITS: u32 = 16;
 
-/// One cell on the wire (24 bytes): its children and particles follow from the counts of
-/// the cells before it (children contiguous, breadth first; particles in cell order).
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Pod, Zeroable)]
-struct WireCell {
-    centre: [f32; 3],
-    r_max: f32,
-    /// Particles sent.
-    count: u32,
-    /// `LetCell::flags`.
-    flags: u32,
+/// Bits of the sender's largest leaf particle count in a packet (`count_bits` of the header).
+fn count_bits(cells: &[LetCell]) -> u32 {
+    let most = cells.iter().map(|c| c.end - c.begin).max().unwrap_or(0);
+    index_bits(most as usize + 1)
+}
+
+/// Writes the cells as bits, a few per cell: whether its multipole, children and particles
+/// were sent, and for a leaf with particles their count and whether they share one mass and
+/// one softening length. Their geometry does not travel again: the receiver has every
+/// cell's centre, radius and number of children from the geometry its own exports asked for
+/// (`decode`).
+fn push_cells(cells: &[LetCell], bits: u32, out: &mut BitWriter) {
+    let flag = |c: &LetCell, f: u32| u64::from(c.flags & f != 0);
+    for c in cells {
+        let count = c.end - c.begin;
+        out.push(flag(c, HAS_MULTIPOLE), 1);
+        out.push(u64::from(c.child_count() > 0), 1);
+        out.push(u64::from(count > 0), 1);
+        if count > 0 {
+            out.push(flag(c, UNIFORM_MASS), 1);
+            out.push(flag(c, UNIFORM_EPS), 1);
+            out.push(u64::from(count), bits);
+        }
+    }
+}
+
+/// Reads `push_cells`' `nc` cells, taking their geometry from `geometry`, the sender's
+/// cells as this rank received them (root first): the packet's root is `geometry[0]`, and
+/// the children of a cell sent with children are its children there. Particle ranges
+/// follow from the counts (particles in cell order).
+fn read_cells(
+    bits: &mut BitReader,
+    nc: usize,
+    count_bits: u32,
+    geometry: &[TopCell],
+) -> Result<Vec<LetCell>, String> {
+    let bad = || "a locally essential tree arrived truncated".to_string();
+    let unknown = || {
+        "a locally essential tree refers to cells of its sender's tree that this rank never \
+         received"
+            .to_string()
+    };
+    let mut cells = Vec::with_capacity(nc);
+    let mut source = Vec::with_capacity(nc);
+    source.extend((nc > 0).then_some(0u32));
+    let mut next_particle = 0u32;
+    for i in 0..nc {
+        let top = geometry
+            .get(*source.get(i).ok_or_else(bad)? as usize)
+            .ok_or_else(unknown)?;
+        let mut read = |n: u32| bits.read(n).ok_or_else(bad);
+        let mut c = LetCell {
+            centre: top.centre.map(f64::from),
+            r_max: f64::from(top.r_max),
+            flags: if top.child_count == 0 { TREE_LEAF } else { 0 },
+            ..LetCell::zeroed()
+        };
+        if read(1)? == 1 {
+            c.flags |= HAS_MULTIPOLE;
+        }
+        let has_children = read(1)? == 1;
+        if read(1)? == 1 {
+            if read(1)? == 1 {
+                c.flags |= UNIFORM_MASS;
+            }
+            if read(1)? == 1 {
+                c.flags |= UNIFORM_EPS;
+            }
+            let count = read(count_bits)? as u32;
+            c.begin = next_particle;
+            next_particle = next_particle.checked_add(count).ok_or_else(bad)?;
+            c.end = next_particle;
+        }
+        if has_children {
+            if top.hides_children() || top.child_count == 0 {
+                return Err(unknown());
+            }
+            c.first_child = source.len() as u32;
+            c.flags |= top.child_count << 8;
+            source.extend(top.children());
+        }
+        cells.push(c);
+    }
+    if source.len() != nc {
+        return Err(bad());
+    }
+    Ok(cells)
 }
 
 /// A per-particle quantity of a packet's particles, in cell order: one value for a leaf
@@ -571,9 +718,10 @@ fn unpack_multipole(bits: &mut BitReader, p: usize, m: &mut [f64]) -> Option<()>
 }
 
 impl LetPacket {
-    /// The packet as bytes: eight u64 counts (cells, multipoles, values per multipole,
-    /// particles, mass values and their palette, softening values and their palette), the
-    /// cells (`WireCell`), the multipoles, the positions, the masses, the softening lengths.
+    /// The packet as bytes: ten u64 counts (cells, multipoles, values per multipole,
+    /// particles, mass values and their palette, softening values and their palette, bits
+    /// of a particle count, bytes of the cells), the cells (`push_cells`), the multipoles,
+    /// the positions, the masses, the softening lengths.
     pub fn encode(&self, precision: WirePrecision) -> Vec<u8> {
         let mut cells = self.cells.clone();
         let m: Vec<f64> = self.particles.iter().map(|q| q[3]).collect();
@@ -585,6 +733,10 @@ impl LetPacket {
         };
         let (mass_palette, eps_palette) = (palette_of(&masses), palette_of(&eps));
         let count = self.multipoles.len().checked_div(self.len).unwrap_or(0);
+        let bits = count_bits(&cells);
+        let mut wire = BitWriter::default();
+        push_cells(&cells, bits, &mut wire);
+        let wire = wire.finish();
         let mut out = Vec::new();
         for n in [
             cells.len(),
@@ -595,19 +747,12 @@ impl LetPacket {
             mass_palette.len(),
             eps.len(),
             eps_palette.len(),
+            bits as usize,
+            wire.len(),
         ] {
             out.extend_from_slice(&(n as u64).to_le_bytes());
         }
-        let wire: Vec<WireCell> = cells
-            .iter()
-            .map(|c| WireCell {
-                centre: c.centre.map(|v| v as f32),
-                r_max: c.r_max as f32,
-                count: c.end - c.begin,
-                flags: c.flags,
-            })
-            .collect();
-        out.extend_from_slice(bytemuck::cast_slice(&wire));
+        out.extend_from_slice(&wire);
         match precision {
             WirePrecision::Double => {
                 out.extend_from_slice(bytemuck::cast_slice(&self.multipoles));
@@ -639,8 +784,14 @@ impl LetPacket {
         out
     }
 
-    /// Decodes `encode`'s bytes (positions back to absolute f64).
-    pub fn decode(bytes: &[u8], precision: WirePrecision) -> Result<LetPacket, String> {
+    /// Decodes `encode`'s bytes (positions back to absolute f64), with the cells' geometry
+    /// from `geometry`: the sender's cells as this rank received them for its own exports
+    /// (`ExportWalk::receiver_cells`; see `read_cells`).
+    pub fn decode(
+        bytes: &[u8],
+        precision: WirePrecision,
+        geometry: &[TopCell],
+    ) -> Result<LetPacket, String> {
         let bad = || "a locally essential tree arrived truncated".to_string();
         let count = |k: usize| -> Result<usize, String> {
             let b = bytes.get(8 * k..8 * k + 8).ok_or_else(bad)?;
@@ -651,6 +802,10 @@ impl LetPacket {
         let (nc, nm, len) = (count(0)?, count(1)?, count(2)?);
         let (np, nq, pq) = (count(3)?, count(4)?, count(5)?);
         let (ne, pe) = (count(6)?, count(7)?);
+        let (bits, cell_bytes) = (count(8)? as u32, count(9)?);
+        if bits > 32 {
+            return Err(bad());
+        }
         let (mass_bytes, eps_bytes) = (stream_bytes(nq, pq), stream_bytes(ne, pe));
         let (multipole_bytes, position_bytes) = match precision {
             WirePrecision::Single => {
@@ -663,7 +818,6 @@ impl LetPacket {
             }
             WirePrecision::Double => (nm * len * 8, np * 24),
         };
-        let cell_bytes = nc * std::mem::size_of::<WireCell>();
         if bytes.len()
             != HEADER + cell_bytes + multipole_bytes + position_bytes + mass_bytes + eps_bytes
         {
@@ -675,26 +829,17 @@ impl LetPacket {
             at += n;
             part
         };
-        let wire: Vec<WireCell> = bytemuck::pod_collect_to_vec(take(cell_bytes));
-        let mut cells = Vec::with_capacity(nc);
-        let (mut next_child, mut next_particle) = (1u32, 0u32);
-        for w in &wire {
-            let mut c = LetCell {
-                centre: w.centre.map(f64::from),
-                r_max: f64::from(w.r_max),
-                flags: w.flags,
-                ..LetCell::zeroed()
-            };
-            if c.child_count() > 0 {
-                c.first_child = next_child;
-                next_child += c.child_count();
-            }
-            c.begin = next_particle;
-            next_particle = next_particle.checked_add(w.count).ok_or_else(bad)?;
-            c.end = next_particle;
-            cells.push(c);
-        }
-        if next_child as usize > nc.max(1) || next_particle as usize != np {
+        let mut wire = BitReader {
+            bytes: take(cell_bytes),
+            at: 0,
+        };
+        let cells = read_cells(&mut wire, nc, bits, geometry)?;
+        if cells
+            .iter()
+            .map(|c| (c.end - c.begin) as usize)
+            .sum::<usize>()
+            != np
+        {
             return Err(bad());
         }
         let (multipoles, positions): (Vec<f64>, Vec<[f64; 3]>) = match precision {
@@ -825,30 +970,77 @@ mod tests {
         }
     }
 
+    /// The sender's geometry of `packet()` as the receiver has it: a root with two leaves.
+    fn geometry() -> Vec<TopCell> {
+        let top = |centre: [f32; 3], r_max: f32, first_child: u32, child_count: u32| TopCell {
+            centre,
+            r_max,
+            first_child,
+            child_count,
+        };
+        vec![
+            top([0.0; 3], 8.0, 1, 2),
+            top([1.0, 2.0, 3.0], 0.5, 0, 0),
+            top([-4.0, 0.5, 0.0], 0.5, 0, 0),
+        ]
+    }
+
+    #[test]
+    fn geometry_travels_in_17_bytes_a_cell_and_comes_back_exactly() {
+        let mut cells = geometry();
+        cells.push(TopCell {
+            centre: [0.1, -0.2, 1e-30],
+            r_max: 3.5,
+            first_child: CHILDREN_NOT_SENT,
+            child_count: 8,
+        });
+        let bytes = encode_geometry(&cells);
+        assert_eq!(bytes.len(), 4 * GEOMETRY_BYTES);
+        assert_eq!(decode_geometry(&bytes).unwrap(), cells);
+        assert!(decode_geometry(&bytes[1..]).is_err());
+        // A cell whose children are said to follow, but do not.
+        let mut orphan = cells.clone();
+        orphan[3].first_child = 4;
+        assert!(decode_geometry(&encode_geometry(&orphan)).is_err());
+    }
+
     #[test]
     fn packets_round_trip_exactly_in_double_and_closely_in_single() {
         let p = packet();
-        let d = LetPacket::decode(&p.encode(WirePrecision::Double), WirePrecision::Double).unwrap();
+        let g = geometry();
+        let d =
+            LetPacket::decode(&p.encode(WirePrecision::Double), WirePrecision::Double, &g).unwrap();
         assert_eq!(d.particles, p.particles);
         assert_eq!(d.multipoles, p.multipoles);
         assert_eq!(d.cells[1].flags, TREE_LEAF | UNIFORM_MASS);
         assert_eq!(d.cells[2].flags, TREE_LEAF);
         let single = p.encode(WirePrecision::Single);
-        // 3 cells; one order-1 multipole in 2 x 16 + 4 x 24 bits; 5 positions of 3 x 24 bits;
+        // 3 cells in 3 + 7 + 7 bits (flags, and 2-bit counts of the leaves' particles); one
+        // order-1 multipole in 2 x 16 + 4 x 24 bits; 5 positions of 3 x WIRE_POSITION_BITS;
         // masses: 1 (uniform leaf) + 2, three distinct values (no palette pays off).
-        assert_eq!(single.len(), HEADER + 3 * 24 + 16 + 5 * 9 + 3 * 8);
+        let position_bytes = (5 * 3 * WIRE_POSITION_BITS as usize).div_ceil(8);
+        assert_eq!(single.len(), HEADER + 3 + 16 + position_bytes + 3 * 8);
         let mut varied = p.clone();
         varied.eps = vec![0.1, 0.1, 0.1, 0.2, 0.05];
-        let v = LetPacket::decode(&varied.encode(WirePrecision::Single), WirePrecision::Single)
-            .unwrap();
+        let v = LetPacket::decode(
+            &varied.encode(WirePrecision::Single),
+            WirePrecision::Single,
+            &g,
+        )
+        .unwrap();
         assert_eq!(v.eps, varied.eps);
-        let s = LetPacket::decode(&single, WirePrecision::Single).unwrap();
+        let s = LetPacket::decode(&single, WirePrecision::Single, &g).unwrap();
         assert_eq!(s.cells[0].first_child, 1);
+        assert_eq!(
+            s.cells[2].centre,
+            [-4.0, 0.5, 0.0],
+            "geometry from the receiver's copy"
+        );
         assert_eq!((s.cells[2].begin, s.cells[2].end), (3, 5));
         for (a, b) in s.particles.iter().zip(&p.particles) {
             assert_eq!(a[3], b[3], "masses travel exactly");
             for k in 0..3 {
-                let step = 0.5 / f64::from((1 << 23) - 1);
+                let step = 0.5 / f64::from((1 << (WIRE_POSITION_BITS - 1)) - 1);
                 assert!((a[k] - b[k]).abs() <= 0.5 * step, "{a:?} vs {b:?}");
             }
         }
@@ -865,7 +1057,12 @@ mod tests {
             dequantise_position(q, c, r),
             <[f64; 3]>::try_from(&s.particles[0][..3]).unwrap()
         );
-        assert!(LetPacket::decode(&single[..single.len() - 1], WirePrecision::Single).is_err());
+        assert!(LetPacket::decode(&single[..single.len() - 1], WirePrecision::Single, &g).is_err());
+        // A packet whose cells the receiver has no geometry for is refused, not misread.
+        let mut hidden = g.clone();
+        hidden[0].first_child = CHILDREN_NOT_SENT;
+        let err = LetPacket::decode(&single, WirePrecision::Single, &hidden).unwrap_err();
+        assert!(err.contains("never received"), "{err}");
     }
 
     #[test]
@@ -889,10 +1086,17 @@ mod tests {
                 .collect(),
         };
         let bytes = p.encode(WirePrecision::Double);
-        // Three masses and two softenings once each, then 2- and 1-bit indices.
-        let expected = HEADER + 24 + 40 * 24 + (3 * 8 + 10) + (2 * 8 + 5);
+        // One cell in 3 + 2 + 6 bits; three masses and two softenings once each, then 2- and
+        // 1-bit indices.
+        let expected = HEADER + 2 + 40 * 24 + (3 * 8 + 10) + (2 * 8 + 5);
         assert_eq!(bytes.len(), expected);
-        let d = LetPacket::decode(&bytes, WirePrecision::Double).unwrap();
+        let leaf_geometry = TopCell {
+            centre: [0.0; 3],
+            r_max: 1.0,
+            first_child: 0,
+            child_count: 0,
+        };
+        let d = LetPacket::decode(&bytes, WirePrecision::Double, &[leaf_geometry]).unwrap();
         assert_eq!(d.particles, p.particles);
         assert_eq!(d.eps, p.eps);
         assert_eq!(index_bits(1), 0);

@@ -77,46 +77,17 @@ impl NearField {
     }
 
     /// Adds to `acc`/`pot` (the target leaf's particles) the forces of the `sources` leaves.
-    /// With `wire_positions` (the own particles as other ranks receive them), the targets
-    /// sit there for the sources of other ranks (cells past `tree.own_cells`), so that
-    /// both ranks of a cross-rank pair see the same two positions.
-    #[allow(clippy::too_many_arguments)]
     pub fn leaf(
         &self,
         tree: &Tree,
         target: u32,
-        sources: impl Iterator<Item = u32> + Clone,
-        wire_positions: Option<&[[f64; 3]]>,
-        scratch: &mut NearScratch,
-        acc: &mut [[f64; 3]],
-        pot: &mut [f64],
-    ) {
-        let Some(wire) = wire_positions else {
-            return self.sum(tree, target, sources, &tree.pos, scratch, acc, pot);
-        };
-        let own = tree.own_cells as u32;
-        let local = sources.clone().filter(|&s| s < own);
-        self.sum(tree, target, local, &tree.pos, scratch, acc, pot);
-        let mut remote = sources.filter(|&s| s >= own).peekable();
-        if remote.peek().is_some() {
-            self.sum(tree, target, remote, wire, scratch, acc, pot);
-        }
-    }
-
-    /// `leaf` with the targets at `targets` (indexed like `tree.pos`).
-    #[allow(clippy::too_many_arguments)]
-    fn sum(
-        &self,
-        tree: &Tree,
-        target: u32,
         sources: impl Iterator<Item = u32>,
-        targets: &[[f64; 3]],
         scratch: &mut NearScratch,
         acc: &mut [[f64; 3]],
         pot: &mut [f64],
     ) {
         let per_particle = !tree.eps.is_empty();
-        let job = (tree, target, targets);
+        let job = (tree, target);
         match self.precision {
             NearFieldPrecision::Mixed => {
                 let k = self.single.pick(per_particle);
@@ -131,9 +102,9 @@ impl NearField {
 }
 
 /// Stages the source leaves relative to the target leaf's centre and runs the kernel on
-/// the target leaf's particles at `targets`.
+/// the target leaf's particles.
 fn stage_and_sum<T: Real, const L: usize>(
-    (tree, target, targets): (&Tree, u32, &[[f64; 3]]),
+    (tree, target): (&Tree, u32),
     sources: impl Iterator<Item = u32>,
     staged: &mut Staged<T, L>,
     (kernel, params): (KernelFn<T, L, TARGET_BLOCK>, PairParams<T>),
@@ -155,7 +126,7 @@ fn stage_and_sum<T: Real, const L: usize>(
     evaluate_targets(
         kernel,
         staged,
-        &targets[range],
+        &tree.pos[range],
         target_eps,
         origin,
         params,

@@ -171,6 +171,11 @@ pub trait RemoteSource {
         caps: &mut CapsTracker,
         stats: &mut FmmStats,
     ) -> Result<Vec<RemoteTree>, GravityError>;
+
+    /// True when other ranks receive this rank's positions rounded (`quantise_position`):
+    /// the evaluation then puts its own particles there for every purpose
+    /// (`Tree::quantise_own_positions`).
+    fn quantises_positions(&self) -> bool;
 }
 
 /// Gives up on buffers that keep overflowing (a growth factor barely above 1).
@@ -259,8 +264,6 @@ pub struct FmmSolver {
     p2p: PairList,
     acc: Vec<[f64; 3]>,
     pot: Vec<f64>,
-    /// The own particles as other ranks receive them (empty unless they are quantised).
-    wire_positions: Vec<[f64; 3]>,
 }
 
 impl FmmSolver {
@@ -283,7 +286,6 @@ impl FmmSolver {
             backend: "cpu",
             warnings: Vec::new(),
             tree: Tree::default(),
-            wire_positions: Vec::new(),
             multipoles: Vec::new(),
             locals: Vec::new(),
             m2l_buf: CappedBuffer::default(),
@@ -483,18 +485,14 @@ impl FmmSolver {
         if n > 0 {
             self.tree.compute_moments();
         }
+        if remote.as_ref().is_some_and(|r| r.quantises_positions()) {
+            self.tree.quantise_own_positions();
+        }
         if host_upward {
             self.upward(len);
         }
         stats.seconds.upward += t0.elapsed().as_secs_f64();
 
-        // With the mixed-precision near field, positions travel quantised (the distributed
-        // driver's `WirePrecision::Single`); this rank's side of cross-rank near pairs then
-        // uses its particles' quantised positions too.
-        self.wire_positions.clear();
-        if remote.is_some() && self.settings.near_field == NearFieldPrecision::Mixed {
-            self.wire_positions = self.tree.wire_positions();
-        }
         let mut remote_roots = Vec::new();
         if let Some(source) = remote {
             let t0 = Instant::now();
@@ -803,11 +801,10 @@ impl FmmSolver {
     /// Adds the near field; returns the particle interactions evaluated.
     fn p2p_pass(&mut self) -> u64 {
         let (tree, list, near) = (&self.tree, &self.p2p, &self.near);
-        let wire = (!self.wire_positions.is_empty()).then_some(self.wire_positions.as_slice());
         Self::leaf_slices(tree, &mut self.acc, &mut self.pot)
             .into_par_iter()
             .map_init(NearScratch::default, |scratch, (leaf, acc, pot)| {
-                near.leaf(tree, leaf, list.of(leaf as usize), wire, scratch, acc, pot);
+                near.leaf(tree, leaf, list.of(leaf as usize), scratch, acc, pot);
                 let n = tree.cells[leaf as usize].count() as u64;
                 list.of(leaf as usize)
                     .map(|s| n * tree.cells[s as usize].count() as u64)

@@ -241,9 +241,6 @@ impl Tree {
         cell_base
     }
 
-    /// The own particles' positions (sorted order) as other ranks receive them
-    /// (`quantise_position` in their leaf). A rank uses these, not the exact ones, for its
-    /// side of every near pair with another rank's particles, so that each such pair is the
     /// For each own cell, whether it holds a particle flagged in `flags` (the caller's
     /// order, as given to `build`).
     pub fn cells_holding(&self, flags: &[bool]) -> Vec<bool> {
@@ -260,17 +257,23 @@ impl Tree {
             .collect()
     }
 
-    /// mirror image of the pair on the other rank and momentum stays conserved.
-    pub fn wire_positions(&self) -> Vec<[f64; 3]> {
-        let mut out = vec![[0.0; 3]; self.own_particles];
+    /// Moves every own particle to its position as other ranks receive it
+    /// (`quantise_position` in its leaf; the cells' centres and radii stay as they are). A
+    /// rank of a distributed evaluation then uses these positions for every purpose, its
+    /// multipoles, near pairs and targets alike, so that each particle is at the same place
+    /// for every rank: the ranks' mutual forces stay mirror images and momentum stays
+    /// conserved, however coarse the rounding.
+    pub fn quantise_own_positions(&mut self) {
         for &leaf in &self.leaves {
-            let c = &self.cells[leaf as usize];
-            for i in c.begin as usize..c.end as usize {
-                let q = quantise_position(self.pos[i], c.centre, c.r_max);
-                out[i] = dequantise_position(q, c.centre, c.r_max);
+            let c = self.cells[leaf as usize];
+            for x in &mut self.pos[c.begin as usize..c.end as usize] {
+                *x = dequantise_position(
+                    quantise_position(*x, c.centre, c.r_max),
+                    c.centre,
+                    c.r_max,
+                );
             }
         }
-        out
     }
 
     /// Number of levels.
@@ -329,14 +332,18 @@ impl Tree {
     }
 }
 
-/// Bits of a position coordinate as other ranks receive it (sign included).
-pub const WIRE_POSITION_BITS: u32 = 24;
+/// Bits of a position coordinate as other ranks receive it (sign included): a rounding of
+/// at most 4e-6 of the leaf's radius, far below the FMM's error. Every rank of a
+/// distributed evaluation puts its particles there for all purposes, so the rounding costs
+/// no symmetry (on the galaxy, 16 bits kept momentum conservation too but moved the K = 4
+/// run measurably away from the K = 1 one; docs/benchmarks.md).
+pub const WIRE_POSITION_BITS: u32 = 18;
 
 /// Steps either side of a leaf's centre in a position coordinate as other ranks receive it.
 const WIRE_POSITION_STEPS: f64 = ((1 << (WIRE_POSITION_BITS - 1)) - 1) as f64;
 
-/// `position` (in a leaf with `centre` and `r_max`) as other ranks receive it: 24-bit
-/// offsets from the centre in units of `r_max / (2^23 - 1)` (every coordinate of a leaf's
+/// `position` (in a leaf with `centre` and `r_max`) as other ranks receive it: 18-bit
+/// offsets from the centre in units of `r_max / (2^17 - 1)` (every coordinate of a leaf's
 /// particle lies within `r_max` of its centre). `dequantise_position` gives the position
 /// they stand for, the same bits on every rank.
 pub fn quantise_position(position: [f64; 3], centre: [f64; 3], r_max: f64) -> [i32; 3] {
