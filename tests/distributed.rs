@@ -366,3 +366,21 @@ fn load_balance_surface_scaling_and_let_traffic_on_the_galaxy() {
         t[1].2
     );
 }
+
+/// Ranks that hold no particles (more ranks than particles) still take part in every
+/// exchange: their empty trees and packets travel and decode, and the others' forces are
+/// those of direct summation.
+#[test]
+fn ranks_without_particles_take_part_in_the_exchange() {
+    let p = clumps(6, 3.0);
+    let s = FmmSettings {
+        leaf_size: 1,
+        ..settings(1.0, 0.01)
+    };
+    let (acc, stats) = distributed(&p, 8, &s, 2);
+    assert!(stats.iter().any(|st| st.particles == 0), "some rank is empty");
+    assert!(stats.iter().any(|st| st.let_particles + st.let_cells > 0));
+    let idx: Vec<usize> = (0..p.len()).collect();
+    let e = errors(&p, &acc, &s, &idx);
+    assert!(e.p99 < 1e-4, "{e:?}");
+}
