@@ -378,7 +378,10 @@ fn ranks_without_particles_take_part_in_the_exchange() {
         ..settings(1.0, 0.01)
     };
     let (acc, stats) = distributed(&p, 8, &s, 2);
-    assert!(stats.iter().any(|st| st.particles == 0), "some rank is empty");
+    assert!(
+        stats.iter().any(|st| st.particles == 0),
+        "some rank is empty"
+    );
     assert!(stats.iter().any(|st| st.let_particles + st.let_cells > 0));
     let idx: Vec<usize> = (0..p.len()).collect();
     let e = errors(&p, &acc, &s, &idx);

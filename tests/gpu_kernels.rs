@@ -542,3 +542,44 @@ fn the_kernels_in_sequence_give_the_cpu_fmm_forces() {
         "the kernels in sequence differ from the CPU FMM by {worst:.2e}"
     );
 }
+
+/// Issue target "≥ 1e8 particles fit on one H200 (≤ 1 KB of device memory per particle)":
+/// the device buffers a force evaluation of the galaxy model needs at the default settings,
+/// sized by the caps after a few evaluations (as a run holds them), computed without a GPU
+/// from the same element counts `GpuFmm` allocates.
+#[test]
+fn a_galaxy_evaluation_needs_under_a_kilobyte_of_device_memory_per_particle() {
+    use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
+    use leapfmm::fmm::caps::CapsPolicy;
+    use leapfmm::fmm::p2p::NearFieldPrecision;
+    use leapfmm::fmm::solver::{FmmSettings, FmmSolver};
+    use leapfmm::gpu::memory::DeviceLengths;
+    use leapfmm::gravity::GravitySolver;
+    let model = leapfmm::ics::ModelFile::load(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("ics/milky_way.toml"),
+    )
+    .unwrap();
+    let (p, _) = leapfmm::ics::generate(&model, 200_000, 1);
+    let settings = FmmSettings {
+        order: DEFAULT_ORDER,
+        theta: DEFAULT_THETA,
+        leaf_size: DEFAULT_LEAF_SIZE,
+        softening: Softening {
+            kernel: SofteningKernel::Spline,
+            epsilon: 0.05,
+        },
+        g: model.units.gravitational_constant(),
+        near_field: NearFieldPrecision::Mixed,
+        caps_policy: CapsPolicy::default(),
+    };
+    let mut solver = FmmSolver::new(settings, None);
+    let mut worst: f64 = 0.0;
+    for _ in 0..3 {
+        let (plan, _) = solver.plan(&p.pos, &p.mass, &p.id).unwrap();
+        let caps = solver.caps().unwrap();
+        let lengths = DeviceLengths::of(&plan, &caps);
+        worst = worst.max(lengths.bytes_per_particle());
+    }
+    eprintln!("device memory per particle: {worst:.0} bytes");
+    assert!(worst <= 1024.0, "{worst} bytes per particle");
+}

@@ -324,18 +324,25 @@ fn on_gpu(
         .context("the GPU passes need one softening length for all particles")?;
     let cache = leapfmm::gpu::kernel_cache();
     let start = Instant::now();
-    let gpu = GpuFmm::open(0, cache.as_deref())?;
+    let mut gpu = GpuFmm::open(0, cache.as_deref())?;
     eprintln!(
         "GPU {} ready in {:.2} s (kernels compiled or loaded from the cache)",
         gpu.device,
         start.elapsed().as_secs_f64()
     );
     let settings = solver.settings();
+    let caps = solver.caps().unwrap_or_default();
     let n = plan.pos.len();
+    let lengths = leapfmm::gpu::memory::DeviceLengths::of(&plan, &caps);
+    eprintln!(
+        "device buffers: {:.1} MB ({:.0} bytes per particle)",
+        lengths.bytes() as f64 / 1e6,
+        lengths.bytes_per_particle()
+    );
     let (mut acc, mut pot) = (vec![[0.0; 3]; n], vec![0.0; n]);
     for k in 0..args.repeat {
         let start = Instant::now();
-        let out = gpu.evaluate(&plan, settings.softening, settings.g)?;
+        let out = gpu.evaluate(&plan, &caps, settings.softening, settings.g)?;
         let s = out.seconds;
         let secs = start.elapsed().as_secs_f64();
         println!(

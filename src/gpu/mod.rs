@@ -5,6 +5,7 @@
 pub mod backend;
 #[cfg(feature = "cuda")]
 pub mod device;
+pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]

@@ -49,9 +49,10 @@ impl GravitySolver for GpuSolver {
             .host
             .plan(&particles.pos, &particles.mass, &particles.id)?;
         let settings = self.host.settings();
+        let caps = self.host.caps().unwrap_or_default();
         let out = self
             .device
-            .evaluate(&plan, settings.softening, settings.g)
+            .evaluate(&plan, &caps, settings.softening, settings.g)
             .map_err(|e| GravityError::Device(e.to_string()))?;
         for (sorted, &orig) in plan.order_of.iter().enumerate() {
             particles.acc[orig as usize] = out.acc[sorted];

@@ -1,0 +1,118 @@
+//! What one GPU's force evaluations hold in device memory (design §7): the element count of
+//! every device buffer for a plan, each at least the size the caps give it, so that the
+//! buffers of a run's first evaluation serve the later ones (`device::GpuFmm` keeps them).
+//! One list for the allocation and for the bytes per particle a GPU needs (issue target:
+//! ≤ 1 KB, so that 1e8 particles fit on an H200), which needs no GPU to compute.
+
+use crate::fmm::caps::Caps;
+use crate::fmm::solver::DevicePlan;
+
+/// Number of f64 buffers (`DeviceLengths::f64_counts`).
+pub const F64_BUFFERS: usize = 7;
+/// Number of u32 buffers (`DeviceLengths::u32_counts`).
+pub const U32_BUFFERS: usize = 13;
+
+/// The sizes the device buffers of one evaluation need: particles, cells (at least the
+/// caps' cells), leaves, M2L and P2P list entries (at least the caps' pairs) and values
+/// per expansion.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceLengths {
+    /// Particles.
+    pub particles: usize,
+    /// Cells.
+    pub cells: usize,
+    /// Leaf slots (a leaf is a cell, so as many as cells: the leaf count changes from
+    /// step to step, the cells' cap does not).
+    pub leaves: usize,
+    /// M2L list entries (one per directed pair).
+    pub m2l: usize,
+    /// P2P list entries (one per directed leaf pair).
+    pub p2p: usize,
+    /// f64 values of one expansion.
+    pub expansion: usize,
+}
+
+impl DeviceLengths {
+    /// The sizes for `plan`, each list and the cells at least as large as `caps` say (the
+    /// host's tree and walk never exceed them, so buffers of this size serve every
+    /// evaluation until the caps grow).
+    pub fn of(plan: &DevicePlan, caps: &Caps) -> Self {
+        let cells = plan.centre.len().max(caps.cells);
+        DeviceLengths {
+            particles: plan.pos.len(),
+            cells,
+            leaves: cells,
+            m2l: plan.m2l_list.len().max(caps.m2l_pairs),
+            p2p: plan.p2p_list.len().max(caps.p2p_pairs),
+            expansion: (plan.order + 1) * (plan.order + 2),
+        }
+    }
+
+    /// Element counts of the f64 buffers, in the order `GpuFmm` keeps them: positions,
+    /// masses, accelerations, potentials (per particle), centres, multipoles, local
+    /// expansions (per cell).
+    pub fn f64_counts(&self) -> [usize; F64_BUFFERS] {
+        let (n, c) = (self.particles, self.cells);
+        [
+            3 * n,
+            n,
+            3 * n,
+            n,
+            3 * c,
+            c * self.expansion,
+            c * self.expansion,
+        ]
+    }
+
+    /// Element counts of the u32 buffers, in the order `GpuFmm` keeps them: the leaf of
+    /// each particle; per cell its particle range, first child, child count, parent, its
+    /// own index (the per-level launches' cell lists), the parents by level, M2L offsets;
+    /// the M2L list; the leaves, their P2P offsets and the P2P list.
+    pub fn u32_counts(&self) -> [usize; U32_BUFFERS] {
+        let c = self.cells;
+        [
+            self.particles,
+            c,
+            c,
+            c,
+            c,
+            c,
+            c,
+            c,
+            c + 1,
+            self.m2l,
+            self.leaves,
+            self.leaves + 1,
+            self.p2p,
+        ]
+    }
+
+    /// Bytes of device memory the buffers take.
+    pub fn bytes(&self) -> usize {
+        8 * self.f64_counts().iter().sum::<usize>() + 4 * self.u32_counts().iter().sum::<usize>()
+    }
+
+    /// Bytes of device memory per particle.
+    pub fn bytes_per_particle(&self) -> f64 {
+        self.bytes() as f64 / self.particles.max(1) as f64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_add_up_to_the_bytes() {
+        let l = DeviceLengths {
+            particles: 10,
+            cells: 3,
+            leaves: 2,
+            m2l: 4,
+            p2p: 5,
+            expansion: 6,
+        };
+        // f64: 30 + 10 + 30 + 10 + 9 + 18 + 18 = 125; u32: 10 + 7 * 3 + 4 + 4 + 2 + 3 + 5 = 49.
+        assert_eq!(l.bytes(), 8 * 125 + 4 * 49);
+    }
+}
