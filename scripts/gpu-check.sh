@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
 # The prepared check for a lent GPU machine (issue 6; DEVELOPERS.md, `device` tool): run from
-# the repository root with the release binary built on the build machine and carried
-# (target/release/leapfmm; no Rust toolchain is needed here). Prints the environment, then
+# the repository root with the release binary built on the build machine and carried: run
+# scripts/gpu-kit.sh here first, then carry .gpu-kit (binary and the shared libraries that
+# machine lacks; no Rust toolchain is needed there). Prints the environment, then
 # the GPU-vs-CPU difference of the FMM passes on the Milky Way model and the GPU timings.
 #   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; OUT=/tmp/gpu-check)
 # The host still builds the tree and the lists (CPU); the GPU line times the device passes.
 # Last, a 100-step Milky Way run with backend = cuda and the same run on the CPU: compare
 # the conservation columns of their diagnostics.csv.
 set -uo pipefail
+# scripts/gpu-kit.sh's bundle (binary and the shared libraries that machine lacks), if carried.
+if [ -x .gpu-kit/leapfmm ]; then
+    BIN=${BIN:-.gpu-kit/leapfmm}
+    export LD_LIBRARY_PATH="$PWD/.gpu-kit/lib:${LD_LIBRARY_PATH:-}"
+fi
 BIN=${BIN:-target/release/leapfmm}
 OUT=${OUT:-/tmp/gpu-check}
 N1=${N1:-1000000}
@@ -19,7 +25,18 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
 for d in /usr/local/cuda/lib64 /usr/local/cuda-*/lib64 /usr/local/cuda/targets/x86_64-linux/lib; do
     [ -d "$d" ] && export LD_LIBRARY_PATH="$d:${LD_LIBRARY_PATH:-}"
 done
-ls /usr/local/cuda*/lib64/libnvrtc.so* 2>/dev/null | head -4
+# cudarc (built for CUDA 12.9) looks for libnvrtc.so, libnvrtc.so.12, ...: on a CUDA 13
+# machine only libnvrtc.so.13 may exist, so link the first NVRTC found under the plain name
+# (its directory stays on the path for libnvrtc-builtins).
+nvrtc=$(ls /usr/local/cuda*/lib64/libnvrtc.so* /usr/local/cuda*/targets/x86_64-linux/lib/libnvrtc.so* \
+    /usr/lib/x86_64-linux-gnu/libnvrtc.so* /opt/*/.venv/lib/python3*/site-packages/nvidia/*/lib/libnvrtc.so* \
+    /usr/local/lib/python3*/dist-packages/nvidia/*/lib/libnvrtc.so* 2>/dev/null | grep -v -e builtins -e '\.alt\.' | head -1)
+echo "NVRTC: ${nvrtc:-none found}"
+if [ -n "$nvrtc" ]; then
+    mkdir -p /tmp/nvrtc-link
+    ln -sf "$nvrtc" /tmp/nvrtc-link/libnvrtc.so
+    export LD_LIBRARY_PATH="/tmp/nvrtc-link:$(dirname "$nvrtc"):${LD_LIBRARY_PATH:-}"
+fi
 echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 "$BIN" --version
 
