@@ -13,7 +13,7 @@ pub const F64_BUFFERS: usize = 7;
 pub const U32_BUFFERS: usize = 13;
 
 /// The sizes the device buffers of one evaluation need: particles, cells (at least the
-/// caps' cells), leaves, M2L and P2P list entries (at least the caps' pairs) and values
+/// caps' cells), M2L and P2P list entries (at least the caps' pairs) and values
 /// per expansion.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceLengths {
@@ -21,9 +21,6 @@ pub struct DeviceLengths {
     pub particles: usize,
     /// Cells.
     pub cells: usize,
-    /// Leaf slots (a leaf is a cell, so as many as cells: the leaf count changes from
-    /// step to step, the cells' cap does not).
-    pub leaves: usize,
     /// M2L list entries (one per directed pair).
     pub m2l: usize,
     /// P2P list entries (one per directed leaf pair).
@@ -41,7 +38,6 @@ impl DeviceLengths {
         DeviceLengths {
             particles: plan.pos.len(),
             cells,
-            leaves: cells,
             m2l: plan.m2l_list.len().max(caps.m2l_pairs),
             p2p: plan.p2p_list.len().max(caps.p2p_pairs),
             expansion: (plan.order + 1) * (plan.order + 2),
@@ -67,7 +63,9 @@ impl DeviceLengths {
     /// Element counts of the u32 buffers, in the order `GpuFmm` keeps them: the leaf of
     /// each particle; per cell its particle range, first child, child count, parent, its
     /// own index (the per-level launches' cell lists), the parents by level, M2L offsets;
-    /// the M2L list; the leaves, their P2P offsets and the P2P list.
+    /// the M2L list; the leaves, their P2P offsets and the P2P list (as many leaf slots as
+    /// cells: a leaf is a cell, and the leaf count changes from step to step while the
+    /// cells' cap does not).
     pub fn u32_counts(&self) -> [usize; U32_BUFFERS] {
         let c = self.cells;
         [
@@ -81,8 +79,8 @@ impl DeviceLengths {
             c,
             c + 1,
             self.m2l,
-            self.leaves,
-            self.leaves + 1,
+            c,
+            c + 1,
             self.p2p,
         ]
     }
@@ -107,12 +105,11 @@ mod tests {
         let l = DeviceLengths {
             particles: 10,
             cells: 3,
-            leaves: 2,
             m2l: 4,
             p2p: 5,
             expansion: 6,
         };
-        // f64: 30 + 10 + 30 + 10 + 9 + 18 + 18 = 125; u32: 10 + 7 * 3 + 4 + 4 + 2 + 3 + 5 = 49.
-        assert_eq!(l.bytes(), 8 * 125 + 4 * 49);
+        // f64: 30 + 10 + 30 + 10 + 9 + 18 + 18 = 125; u32: 10 + 7 * 3 + 4 + 4 + 3 + 4 + 5 = 51.
+        assert_eq!(l.bytes(), 8 * 125 + 4 * 51);
     }
 }
