@@ -1,12 +1,18 @@
-// The leapfrog's kick and drift on device-resident state (f64, one thread per particle).
+// The leapfrog's kick and drift on device-resident state, and what the step loop needs
+// around the force passes (f64, one thread per particle): the gather of positions and
+// masses into tree order, the scatter of the forces back, and the per-block maxima of
+// |a| for the time step criterion.
+//
+// Kick and drift round each product and sum separately (__dmul_rn, __dadd_rn: no fused
+// multiply-add), so that the device integrates with exactly the host's bits.
 
 extern "C" __global__ void kick(double* __restrict__ vel, const double* __restrict__ acc,
                                 double dt, unsigned n) {
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        vel[3 * i] += acc[3 * i] * dt;
-        vel[3 * i + 1] += acc[3 * i + 1] * dt;
-        vel[3 * i + 2] += acc[3 * i + 2] * dt;
+        for (int k = 0; k < 3; ++k) {
+            vel[3 * i + k] = __dadd_rn(vel[3 * i + k], __dmul_rn(acc[3 * i + k], dt));
+        }
     }
 }
 
@@ -14,8 +20,67 @@ extern "C" __global__ void drift(double* __restrict__ pos, const double* __restr
                                  double dt, unsigned n) {
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) {
-        pos[3 * i] += vel[3 * i] * dt;
-        pos[3 * i + 1] += vel[3 * i + 1] * dt;
-        pos[3 * i + 2] += vel[3 * i + 2] * dt;
+        for (int k = 0; k < 3; ++k) {
+            pos[3 * i + k] = __dadd_rn(pos[3 * i + k], __dmul_rn(vel[3 * i + k], dt));
+        }
+    }
+}
+
+// sorted[s] = state[order_of[s]]: positions and masses in the tree order of the host's plan.
+extern "C" __global__ void gather_tree_order(const double* __restrict__ pos,
+                                             const double* __restrict__ mass,
+                                             const unsigned* __restrict__ order_of, unsigned n,
+                                             double* __restrict__ pos_sorted,
+                                             double* __restrict__ mass_sorted) {
+    const unsigned s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s < n) {
+        const unsigned i = order_of[s];
+        for (int k = 0; k < 3; ++k) pos_sorted[3 * s + k] = pos[3 * i + k];
+        mass_sorted[s] = mass[i];
+    }
+}
+
+// acc[order_of[s]] = acc_sorted[s] (a permutation: every particle written once).
+extern "C" __global__ void scatter_forces(const double* __restrict__ acc_sorted,
+                                          const double* __restrict__ pot_sorted,
+                                          const unsigned* __restrict__ order_of, unsigned n,
+                                          double* __restrict__ acc, double* __restrict__ pot) {
+    const unsigned s = blockIdx.x * blockDim.x + threadIdx.x;
+    if (s < n) {
+        const unsigned i = order_of[s];
+        for (int k = 0; k < 3; ++k) acc[3 * i + k] = acc_sorted[3 * s + k];
+        pot[i] = pot_sorted[s];
+    }
+}
+
+// Largest block size of max_acceleration_blocks.
+#define MAX_ACC_BLOCK 256
+
+// block_max[4 b + c]: the largest |a|^2 among block b's particles of component c (0 where it
+// has none). A maximum does not depend on the order it is taken in, so the host's final
+// maximum over blocks is the same on every run. blockDim.x: a power of two <= MAX_ACC_BLOCK.
+extern "C" __global__ void max_acceleration_blocks(const double* __restrict__ acc,
+                                                   const unsigned char* __restrict__ component,
+                                                   unsigned n, double* __restrict__ block_max) {
+    __shared__ double best[4 * MAX_ACC_BLOCK];
+    const unsigned t = threadIdx.x, i = blockIdx.x * blockDim.x + t;
+    for (int c = 0; c < 4; ++c) best[4 * t + c] = 0.0;
+    if (i < n) {
+        const double a2 = __dadd_rn(__dadd_rn(__dmul_rn(acc[3 * i], acc[3 * i]),
+                                              __dmul_rn(acc[3 * i + 1], acc[3 * i + 1])),
+                                    __dmul_rn(acc[3 * i + 2], acc[3 * i + 2]));
+        best[4 * t + (component[i] & 3)] = a2;
+    }
+    __syncthreads();
+    for (unsigned half = blockDim.x / 2; half > 0; half /= 2) {
+        if (t < half) {
+            for (int c = 0; c < 4; ++c) {
+                best[4 * t + c] = fmax(best[4 * t + c], best[4 * (t + half) + c]);
+            }
+        }
+        __syncthreads();
+    }
+    if (t == 0) {
+        for (int c = 0; c < 4; ++c) block_max[4 * blockIdx.x + c] = best[c];
     }
 }

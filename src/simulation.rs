@@ -29,9 +29,7 @@ use crate::integrate::block::{Rungs, rung_for};
 use crate::integrate::diagnostics::{
     CONSERVED_SUMS, Conserved, DiagnosticsLog, PhaseTimes, RankLog, Row,
 };
-use crate::integrate::leapfrog::{
-    drift, kick, kick_by, max_acceleration, max_acceleration_by_component,
-};
+use crate::integrate::leapfrog::{drift, kick, kick_by, max_acceleration_by_component};
 use crate::integrate::timestep::{TICKS_PER_DT_MAX, Timeline, TimestepError, criterion_dt};
 use crate::io::checkpoint::{self, CheckpointError};
 use crate::io::snapshot::{
@@ -460,6 +458,20 @@ struct Simulation<'a> {
     solver_stats: Vec<SolverStat>,
     /// Block-scheme figures since the last diagnostics row.
     block: BlockFigures,
+    /// Where the particle state is kept between steps.
+    residence: Residence,
+}
+
+/// Where a run keeps its particle state between steps (design §7).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Residence {
+    /// On the host (`Simulation::particles`): the CPU backend, and the block scheme.
+    Host,
+    /// On the solver's device (`GravitySolver::resident`), loaded at the first step.
+    DeviceToLoad,
+    /// On the solver's device; the host's copy is behind it when `host_behind` and is
+    /// brought up to date before it is read (`Simulation::sync_host`).
+    Device { host_behind: bool },
 }
 
 /// What the block scheme did since the last diagnostics row (summed over ranks).
@@ -650,6 +662,16 @@ impl<'a> Simulation<'a> {
             }
         };
         let since = timeline.time(state.ti);
+        let residence = match (c.integrator.scheme, solver.resident().is_some()) {
+            (StepScheme::Global, true) => {
+                progress.note(&format!(
+                    "{}: the particles stay on the device between steps",
+                    c.name
+                ));
+                Residence::DeviceToLoad
+            }
+            _ => Residence::Host,
+        };
         let mut sim = Simulation {
             spec,
             comm,
@@ -671,6 +693,7 @@ impl<'a> Simulation<'a> {
                 since,
                 ..BlockFigures::default()
             },
+            residence,
         };
         if fresh {
             sim.start()?;
@@ -716,12 +739,80 @@ impl<'a> Simulation<'a> {
         Ok(Conserved::from_sums(&all))
     }
 
+    /// Whether the particle state is on the solver's device now.
+    fn on_device(&self) -> bool {
+        matches!(self.residence, Residence::Device { .. })
+    }
+
+    /// Takes the particles onto the solver's device before the first step there.
+    fn load_resident(&mut self) -> Result<(), RunError> {
+        if self.residence == Residence::DeviceToLoad {
+            if let Some(device) = self.solver.resident() {
+                device.load(&self.particles)?;
+            }
+            self.residence = Residence::Device { host_behind: false };
+        }
+        Ok(())
+    }
+
+    /// Brings the host's particles up to date with the device's before they are read.
+    fn sync_host(&mut self) -> Result<(), RunError> {
+        if self.residence == (Residence::Device { host_behind: true }) {
+            if let Some(device) = self.solver.resident() {
+                device.store(&mut self.particles)?;
+            }
+            self.residence = Residence::Device { host_behind: false };
+        }
+        Ok(())
+    }
+
+    /// `v += a h` for every particle, where the state is.
+    fn kick_all(&mut self, h: f64) -> Result<(), RunError> {
+        let on_device = self.on_device();
+        match self.solver.resident().filter(|_| on_device) {
+            Some(device) => {
+                device.kick(h)?;
+                self.residence = Residence::Device { host_behind: true };
+            }
+            None => kick(&mut self.particles, h),
+        }
+        Ok(())
+    }
+
+    /// `x += v h` for every particle, where the state is.
+    fn drift_all(&mut self, h: f64) -> Result<(), RunError> {
+        let on_device = self.on_device();
+        match self.solver.resident().filter(|_| on_device) {
+            Some(device) => {
+                device.drift(h)?;
+                self.residence = Residence::Device { host_behind: true };
+            }
+            None => drift(&mut self.particles, h),
+        }
+        Ok(())
+    }
+
+    /// The largest |a| of each component's particles on this rank, where the state is.
+    fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], RunError> {
+        let on_device = self.on_device();
+        Ok(match self.solver.resident().filter(|_| on_device) {
+            Some(device) => device.max_acceleration_by_component()?,
+            None => max_acceleration_by_component(&self.particles),
+        })
+    }
+
     /// Forces on every particle, or with `active` on those flagged.
     fn compute_forces(&mut self, active: Option<&[bool]>) -> Result<(), RunError> {
         let start = Instant::now();
-        let report = match active {
-            None => self.solver.compute(&mut self.particles)?,
-            Some(active) => self.solver.compute_active(&mut self.particles, active)?,
+        let on_device = self.on_device();
+        let report = match (active, self.solver.resident().filter(|_| on_device)) {
+            (None, Some(device)) => {
+                let report = device.compute(&mut self.particles)?;
+                self.residence = Residence::Device { host_behind: true };
+                report
+            }
+            (None, None) => self.solver.compute(&mut self.particles)?,
+            (Some(active), _) => self.solver.compute_active(&mut self.particles, active)?,
         };
         self.interactions += report.pair_interactions;
         if self.solver_stats.len() != report.stats.len() {
@@ -810,26 +901,31 @@ impl<'a> Simulation<'a> {
             return self.block_cycle();
         }
         let start = Instant::now();
+        self.load_resident()?;
         let wanted = if integ.fixed_step {
             f64::INFINITY
-        } else if let Some(table) = component_softening(self.spec) {
-            // Each component's fastest particle against its own softening length.
-            let a_max = allreduce_max(self.comm, &max_acceleration_by_component(&self.particles))?;
-            (0..4)
-                .map(|c| criterion_dt(integ.eta, table[c], a_max[c]))
-                .fold(f64::INFINITY, f64::min)
         } else {
-            let a_max = allreduce_max(self.comm, &[max_acceleration(&self.particles)])?[0];
-            criterion_dt(integ.eta, self.spec.config.gravity.softening, a_max)
+            let a_max = allreduce_max(self.comm, &self.max_acceleration_by_component()?)?;
+            match component_softening(self.spec) {
+                // Each component's fastest particle against its own softening length.
+                Some(table) => (0..4)
+                    .map(|c| criterion_dt(integ.eta, table[c], a_max[c]))
+                    .fold(f64::INFINITY, f64::min),
+                None => criterion_dt(
+                    integ.eta,
+                    self.spec.config.gravity.softening,
+                    a_max.iter().fold(0.0, |m, &a| m.max(a)),
+                ),
+            }
         };
         let level = self.timeline.choose_level(self.state.ti, wanted)?;
         let dt = self.timeline.level_dt(level);
-        kick(&mut self.particles, 0.5 * dt);
-        drift(&mut self.particles, dt);
+        self.kick_all(0.5 * dt)?;
+        self.drift_all(dt)?;
         self.wall.integrate += start.elapsed().as_secs_f64();
         self.compute_forces(None)?;
         let start = Instant::now();
-        kick(&mut self.particles, 0.5 * dt);
+        self.kick_all(0.5 * dt)?;
         self.state.ti += Timeline::level_ticks(level);
         self.state.step += 1;
         self.state.last_dt = dt;
@@ -954,6 +1050,7 @@ impl<'a> Simulation<'a> {
     /// per solver figure the largest over ranks (every rank's in `ranks.csv`).
     fn write_diagnostics(&mut self) -> Result<(), RunError> {
         let start = Instant::now();
+        self.sync_host()?;
         let conserved = self.conserved()?;
         self.wall.diagnostics += start.elapsed().as_secs_f64();
         let interactions = allreduce_sum(self.comm, &[self.interactions])?[0];
@@ -1016,6 +1113,7 @@ impl<'a> Simulation<'a> {
     /// Snapshot (collective): one file, or one file per rank in a GADGET multi-file set.
     fn write_snapshot(&mut self) -> Result<(), RunError> {
         let start = Instant::now();
+        self.sync_host()?;
         let c = &self.spec.config;
         let (rank, ranks) = (self.comm.rank(), self.comm.size());
         let index = self.state.snapshots_written;
@@ -1055,6 +1153,7 @@ impl<'a> Simulation<'a> {
     /// rank has written its file.
     fn write_checkpoint(&mut self) -> Result<PathBuf, RunError> {
         let start = Instant::now();
+        self.sync_host()?;
         let (rank, ranks) = (self.comm.rank(), self.comm.size());
         let ckpt = Checkpoint {
             version: env!("CARGO_PKG_VERSION").to_string(),
@@ -1267,4 +1366,161 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RunError> {
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, bytes).map_err(io_err(&tmp, "writing"))?;
     std::fs::rename(&tmp, path).map_err(io_err(path, "renaming into place"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gravity::{ForceReport, ResidentState};
+
+    /// A solver whose "device" is a private copy of the particles, written back only by
+    /// `store`: a run that read the host's particles without bringing them up to date
+    /// first would write stale velocities and energies, so the step loop's handling of
+    /// resident state is checked without a GPU.
+    struct Mirror {
+        inner: Box<dyn GravitySolver>,
+        device: Particles,
+        kicks: Arc<AtomicUsize>,
+    }
+
+    impl GravitySolver for Mirror {
+        fn name(&self) -> &'static str {
+            self.inner.name()
+        }
+
+        fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
+            self.inner.compute(particles)
+        }
+
+        fn stat_names(&self) -> Vec<&'static str> {
+            self.inner.stat_names()
+        }
+
+        fn caps(&self) -> Option<Caps> {
+            self.inner.caps()
+        }
+
+        fn set_caps(&mut self, caps: Caps) {
+            self.inner.set_caps(caps);
+        }
+
+        fn resident(&mut self) -> Option<&mut dyn ResidentState> {
+            Some(self)
+        }
+    }
+
+    impl ResidentState for Mirror {
+        fn load(&mut self, particles: &Particles) -> Result<(), GravityError> {
+            self.device = particles.clone();
+            Ok(())
+        }
+
+        fn kick(&mut self, h: f64) -> Result<(), GravityError> {
+            self.kicks.fetch_add(1, Ordering::SeqCst);
+            kick(&mut self.device, h);
+            Ok(())
+        }
+
+        fn drift(&mut self, h: f64) -> Result<(), GravityError> {
+            drift(&mut self.device, h);
+            Ok(())
+        }
+
+        fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
+            let report = self.inner.compute(&mut self.device)?;
+            particles.pos.clone_from(&self.device.pos);
+            Ok(report)
+        }
+
+        fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], GravityError> {
+            Ok(max_acceleration_by_component(&self.device))
+        }
+
+        fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError> {
+            particles.pos.clone_from(&self.device.pos);
+            particles.vel.clone_from(&self.device.vel);
+            particles.acc.clone_from(&self.device.acc);
+            particles.pot.clone_from(&self.device.pot);
+            Ok(())
+        }
+    }
+
+    /// Runs a 400-particle Plummer sphere (FMM, adaptive steps, diagnostics every third
+    /// step, snapshots and checkpoints on their own intervals) named `name` to `t_end`,
+    /// on the host or with its state resident on a `Mirror`; the device's kick count.
+    fn plummer(dir: &Path, name: &str, t_end: f64, mirror: bool, resume: bool) -> usize {
+        let text = format!(
+            "name = \"{name}\"\noutput_dir = \"{}\"\nunits = \"nbody\"\nseed = 5\n[ics]\nmodel = \"{}\"\nn = 400\n[gravity]\nsoftening = 0.05\n[integrator]\nt_end = {t_end}\ndt_max = 0.0625\neta = 0.1\n[output]\ndiagnostics_every = 3\nsnapshot_interval = 0.25\ncheckpoint_interval = 0.125\nsnapshot_precision = \"double\"\n",
+            dir.join("runs").display(),
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("ics/plummer.toml")
+                .display()
+        );
+        let path = dir.join(format!("{name}.toml"));
+        std::fs::write(&path, text).unwrap();
+        let spec = RunSpec::load(&path).unwrap();
+        let backend = Chosen::Cpu("requested".into());
+        let host = make_solver(&spec, SingleRank, &backend).unwrap();
+        let kicks = Arc::new(AtomicUsize::new(0));
+        let solver: Box<dyn GravitySolver> = if mirror {
+            Box::new(Mirror {
+                inner: host,
+                device: Particles::default(),
+                kicks: Arc::clone(&kicks),
+            })
+        } else {
+            host
+        };
+        let options = RunOptions {
+            resume,
+            quiet: true,
+            ranks: 1,
+            group: None,
+        };
+        let signals = SignalGuard::install().unwrap();
+        run_rank(&spec, options, &SingleRank, solver, &backend, &signals).unwrap();
+        kicks.load(Ordering::SeqCst)
+    }
+
+    /// The physics columns (step to virial ratio) of a run's diagnostics.
+    fn physics(dir: &Path, name: &str) -> Vec<String> {
+        let text =
+            std::fs::read_to_string(dir.join("runs").join(name).join("diagnostics.csv")).unwrap();
+        text.lines()
+            .map(|l| l.split(',').take(17).collect::<Vec<_>>().join(","))
+            .collect()
+    }
+
+    fn last_snapshot(dir: &Path, name: &str) -> Particles {
+        let snaps = snapshot_dir(&dir.join("runs").join(name));
+        let mut files: Vec<_> = std::fs::read_dir(snaps)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        files.sort();
+        read_snapshot(files.last().unwrap()).unwrap().particles
+    }
+
+    #[test]
+    fn a_run_with_its_state_resident_on_a_device_writes_the_host_runs_bits() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        assert_eq!(plummer(d, "host", 0.5, false, false), 0);
+        let kicks = plummer(d, "device", 0.5, true, false);
+        assert!(kicks > 16, "the device state was not used: {kicks} kicks");
+        // Stopped at 0.25 and resumed from its checkpoint, resident both times.
+        plummer(d, "resumed", 0.25, true, false);
+        plummer(d, "resumed", 0.5, true, true);
+        let rows = physics(d, "host");
+        assert!(rows.len() > 5);
+        assert_eq!(rows, physics(d, "device"));
+        assert_eq!(rows, physics(d, "resumed"));
+        let host = last_snapshot(d, "host");
+        for name in ["device", "resumed"] {
+            let p = last_snapshot(d, name);
+            assert_eq!(host.pos, p.pos, "{name}");
+            assert_eq!(host.vel, p.vel, "{name}");
+        }
+    }
 }

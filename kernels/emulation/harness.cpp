@@ -2,6 +2,9 @@
 // tests/gpu_kernels.rs, and writes their outputs back:
 //   harness p2p IN OUT        IN: counts, parameters and arrays of a P2P launch; OUT: acc, pot
 //   harness integrate IN OUT  IN: n, dt, block, pos, vel, acc; OUT: vel after kick, pos after drift
+//   harness state IN OUT      IN: n, block, order_of, pos, mass, acc (tree order), pot (tree order),
+//                             component bytes; OUT: gathered pos and mass, scattered acc and pot,
+//                             per-block maxima of |a|^2 by component (of the scattered acc)
 //   harness p2m IN OUT        IN: n, leaves, p, block, pos, mass, leaf ranges and centres; OUT: multipoles
 //   harness l2p IN OUT        IN: n, leaves, p, block, g, pos, leaf_of, centres, locals; OUT: acc, pot
 //   harness m2m IN OUT        IN: cells, parents, p, block, centres, first_child, child_count,
@@ -62,7 +65,7 @@ void put(FILE* f, const std::vector<T>& v) {
 
 int main(int argc, char** argv) {
     if (argc != 4) {
-        std::fprintf(stderr, "usage: harness p2p|integrate IN OUT\n");
+        std::fprintf(stderr, "usage: harness MODE IN OUT (modes: see the top of harness.cpp)\n");
         return 2;
     }
     Reader in{slurp(argv[2])};
@@ -102,6 +105,28 @@ int main(int argc, char** argv) {
         launch(grid, block, drift, pos.data(), (const double*)vel.data(), dt, (unsigned)n);
         put(out, vel);
         put(out, pos);
+    } else if (mode == "state") {
+        auto n = in.one<uint32_t>(), block = in.one<uint32_t>();
+        auto order_of = in.many<uint32_t>(n);
+        auto pos = in.many<double>(3 * n), mass = in.many<double>(n);
+        auto acc_sorted = in.many<double>(3 * n), pot_sorted = in.many<double>(n);
+        auto component = in.many<unsigned char>(n);
+        unsigned grid = (n + block - 1) / block;
+        std::vector<double> pos_sorted(3 * n), mass_sorted(n), acc(3 * n), pot(n);
+        std::vector<double> block_max(4 * grid);
+        launch(grid, block, gather_tree_order, (const double*)pos.data(),
+               (const double*)mass.data(), (const unsigned*)order_of.data(), (unsigned)n,
+               pos_sorted.data(), mass_sorted.data());
+        launch(grid, block, scatter_forces, (const double*)acc_sorted.data(),
+               (const double*)pot_sorted.data(), (const unsigned*)order_of.data(), (unsigned)n,
+               acc.data(), pot.data());
+        launch(grid, block, max_acceleration_blocks, (const double*)acc.data(),
+               (const unsigned char*)component.data(), (unsigned)n, block_max.data());
+        put(out, pos_sorted);
+        put(out, mass_sorted);
+        put(out, acc);
+        put(out, pot);
+        put(out, block_max);
     } else if (mode == "p2m") {
         auto n = in.one<uint32_t>(), leaves = in.one<uint32_t>(), p = in.one<uint32_t>();
         auto block = in.one<uint32_t>();

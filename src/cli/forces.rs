@@ -335,7 +335,7 @@ fn on_gpu(
     let n = plan.pos.len();
     let lengths = leapfmm::gpu::memory::DeviceLengths::of(&plan, &caps);
     eprintln!(
-        "device buffers: {:.1} MB ({:.0} bytes per particle)",
+        "device buffers: {:.1} MB for the evaluation; {:.0} bytes per particle with a run's resident state",
         lengths.bytes() as f64 / 1e6,
         lengths.bytes_per_particle()
     );

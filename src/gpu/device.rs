@@ -1,17 +1,21 @@
-//! The FMM passes on a CUDA device (design §7), first form: the host builds the tree and the
-//! lists (`FmmSolver::device_plan`), one upload brings them over into device buffers kept
-//! from one evaluation to the next (sized by the caps, `memory::DeviceLengths`, and grown
-//! when a plan needs more), and the kernels of
-//! kernels/ run P2M, M2M per level, M2L, L2L per level, L2P and P2P; one download brings the
-//! accelerations and potentials back. The same sequence runs under the CPU emulation in
-//! tests/gpu_kernels.rs, where it matches the CPU FMM. Not yet verified on a GPU: no device
-//! was lent while it was written (scripts/gpu-check.sh is the check).
+//! The FMM passes and the integrator on a CUDA device (design §7): the host builds the tree
+//! and the lists (`FmmSolver::device_plan`), one upload brings them over into device buffers
+//! kept from one evaluation to the next (sized by the caps, `memory::DeviceLengths`, and
+//! grown when a plan needs more), and the kernels of kernels/ run P2M, M2M per level, M2L,
+//! L2L per level, L2P and P2P. Either the plan's positions go up and the forces come down
+//! (`evaluate`), or the particles live on the device for the whole run (`DeviceState`):
+//! they are gathered into tree order and the forces scattered back there, the kick and
+//! drift run there, and only positions come back each step (`evaluate_resident`). The same
+//! kernels run under the CPU emulation in tests/gpu_kernels.rs, where they match the CPU
+//! backend. Not yet verified on a GPU: no device was lent while it was written
+//! (scripts/gpu-check.sh is the check).
 
-use super::memory::DeviceLengths;
+use super::memory::{DeviceLengths, THREADS_PER_BLOCK, resident_f64_counts};
 use super::nvrtc::{KernelError, compile_all};
 use crate::fmm::caps::Caps;
 use crate::fmm::solver::DevicePlan;
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
+use crate::particles::Particles;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchConfig,
     PushKernelArg, ValidAsZeroBits,
@@ -47,22 +51,45 @@ impl From<DriverError> for GpuError {
     }
 }
 
-/// Threads per block of the per-item kernels and of P2P (≤ P2P_MAX_BLOCK in p2p.cu).
-const BLOCK: u32 = 128;
+const BLOCK: u32 = THREADS_PER_BLOCK;
 
 /// An opened device with the kernels loaded.
 pub struct GpuFmm {
     stream: Arc<CudaStream>,
     /// "NVIDIA H200 (sm_90)".
     pub device: String,
+    kernels: Kernels,
+    /// Kept between evaluations (`DeviceLengths`).
+    buffers: Option<Buffers>,
+}
+
+/// The loaded kernels.
+struct Kernels {
     p2m: CudaFunction,
     m2m: CudaFunction,
     m2l: CudaFunction,
     l2l: CudaFunction,
     l2p: CudaFunction,
     p2p: CudaFunction,
-    /// Kept between evaluations (`DeviceLengths`).
-    buffers: Option<Buffers>,
+    kick: CudaFunction,
+    drift: CudaFunction,
+    gather: CudaFunction,
+    scatter: CudaFunction,
+    max_acc: CudaFunction,
+}
+
+/// A run's particle state on the device (design §7), in the run's particle order: what the
+/// integrator kicks and drifts between force evaluations. `GpuFmm` creates and updates it;
+/// the host copy is brought up to date only when it is read.
+pub struct DeviceState {
+    n: usize,
+    pos: CudaSlice<f64>,
+    vel: CudaSlice<f64>,
+    mass: CudaSlice<f64>,
+    acc: CudaSlice<f64>,
+    pot: CudaSlice<f64>,
+    block_max: CudaSlice<f64>,
+    component: CudaSlice<u8>,
 }
 
 /// Growth of a device buffer that is too small: like the caps', so that a run reallocates
@@ -120,6 +147,7 @@ struct Buffers {
     multipoles: Reused<f64>,
     locals: Reused<f64>,
     leaf_of: Reused<u32>,
+    order_of: Reused<u32>,
     begin: Reused<u32>,
     end: Reused<u32>,
     first_child: Reused<u32>,
@@ -139,6 +167,7 @@ impl Buffers {
         let [pos, mass, acc, pot, centre, multipoles, locals] = lengths.f64_counts();
         let [
             leaf_of,
+            order_of,
             begin,
             end,
             first_child,
@@ -161,6 +190,7 @@ impl Buffers {
             multipoles: Reused::new(stream, multipoles)?,
             locals: Reused::new(stream, locals)?,
             leaf_of: Reused::new(stream, leaf_of)?,
+            order_of: Reused::new(stream, order_of)?,
             begin: Reused::new(stream, begin)?,
             end: Reused::new(stream, end)?,
             first_child: Reused::new(stream, first_child)?,
@@ -192,6 +222,7 @@ impl Buffers {
         }
         let u32s = [
             &mut self.leaf_of,
+            &mut self.order_of,
             &mut self.begin,
             &mut self.end,
             &mut self.first_child,
@@ -295,21 +326,30 @@ impl GpuFmm {
                 .ok_or_else(|| GpuError::Unsupported(format!("kernel file {file} missing")))?;
             Ok(module.load_function(name)?)
         };
-        Ok(GpuFmm {
-            stream: ctx.default_stream(),
-            device,
+        let kernels = Kernels {
             p2m: function("expansions.cu", "p2m_leaves")?,
             m2m: function("expansions.cu", "m2m_cells")?,
             m2l: function("expansions.cu", "m2l_cells")?,
             l2l: function("expansions.cu", "l2l_cells")?,
             l2p: function("expansions.cu", "l2p_particles")?,
             p2p: function("p2p.cu", "p2p_leaves")?,
+            kick: function("integrate.cu", "kick")?,
+            drift: function("integrate.cu", "drift")?,
+            gather: function("integrate.cu", "gather_tree_order")?,
+            scatter: function("integrate.cu", "scatter_forces")?,
+            max_acc: function("integrate.cu", "max_acceleration_blocks")?,
+        };
+        Ok(GpuFmm {
+            stream: ctx.default_stream(),
+            device,
+            kernels,
             buffers: None,
         })
     }
 
     /// The forces of `plan` on the device, in buffers kept from the previous evaluation
-    /// (sized by `caps` and the plan, grown when the plan needs more).
+    /// (sized by `caps` and the plan, grown when the plan needs more): the plan's positions
+    /// and masses go up, the accelerations and potentials (tree order) come back.
     pub fn evaluate(
         &mut self,
         plan: &DevicePlan,
@@ -318,170 +358,16 @@ impl GpuFmm {
         g: f64,
     ) -> Result<GpuForces, GpuError> {
         let mut secs = GpuSeconds::default();
-        let lengths = DeviceLengths::of(plan, caps);
-        let (n, cells, len) = (plan.pos.len(), plan.centre.len(), lengths.expansion);
-        let p = plan.order as i32;
         let t = Instant::now();
         let stream = self.stream.clone();
-        let b = match &mut self.buffers {
-            Some(b) => {
-                b.fit(&stream, &lengths)?;
-                b
-            }
-            none => none.insert(Buffers::new(&stream, &lengths)?),
-        };
+        let b = upload_plan(&stream, &mut self.buffers, plan, caps)?;
         b.pos.upload(&stream, &flat(&plan.pos))?;
         b.mass.upload(&stream, &plan.mass)?;
-        b.centre.upload(&stream, &flat(&plan.centre))?;
-        b.begin.upload(&stream, &plan.begin)?;
-        b.end.upload(&stream, &plan.end)?;
-        b.first_child.upload(&stream, &plan.first_child)?;
-        b.child_count.upload(&stream, &plan.child_count)?;
-        b.parent.upload(&stream, &plan.parent)?;
-        b.leaves.upload(&stream, &plan.leaves)?;
-        b.leaf_of.upload(&stream, &plan.leaf_of)?;
-        b.m2l_offsets.upload(&stream, &plan.m2l_offsets)?;
-        b.m2l_list.upload(&stream, &plan.m2l_list)?;
-        b.p2p_offsets.upload(&stream, &plan.p2p_offsets)?;
-        b.p2p_list.upload(&stream, &plan.p2p_list)?;
-        let all: Vec<u32> = (0..cells as u32).collect();
-        b.all.upload(&stream, &all)?;
-        // The parents of every level, one level after the other: (offset, count) each.
-        let levels = plan.level_start.len().saturating_sub(1);
-        let mut parents = Vec::new();
-        let mut parents_by_level = Vec::with_capacity(levels);
-        for l in 0..levels {
-            let (lo, hi) = (plan.level_start[l], plan.level_start[l + 1]);
-            let start = parents.len();
-            parents.extend((lo..hi).filter(|&c| plan.child_count[c as usize] > 0));
-            parents_by_level.push((start, parents.len() - start));
-        }
-        b.parents.upload(&stream, &parents)?;
-        b.multipoles.zero(&stream, cells * len)?;
-        b.locals.zero(&stream, cells * len)?;
-        b.acc.zero(&stream, 3 * n)?;
-        b.pot.zero(&stream, n)?;
         stream.synchronize()?;
         secs.upload = t.elapsed().as_secs_f64();
-
+        run_passes(&self.kernels, &stream, b, plan, softening, g, &mut secs)?;
         let t = Instant::now();
-        let n_leaves = plan.leaves.len() as u32;
-        let mut launch = stream.launch_builder(&self.p2m);
-        launch
-            .arg(&b.pos.buf)
-            .arg(&b.mass.buf)
-            .arg(&b.leaves.buf)
-            .arg(&n_leaves)
-            .arg(&b.begin.buf)
-            .arg(&b.end.buf);
-        launch.arg(&b.centre.buf).arg(&p).arg(&mut b.multipoles.buf);
-        // SAFETY: the arguments match p2m_leaves's signature and the buffers' sizes.
-        unsafe { launch.launch(grid(plan.leaves.len())) }?;
-        for &(start, count) in parents_by_level.iter().rev() {
-            if count == 0 {
-                continue;
-            }
-            let count32 = count as u32;
-            let level_parents = b.parents.buf.slice(start..start + count);
-            let mut launch = stream.launch_builder(&self.m2m);
-            launch
-                .arg(&level_parents)
-                .arg(&count32)
-                .arg(&b.first_child.buf)
-                .arg(&b.child_count.buf);
-            launch.arg(&b.centre.buf).arg(&p).arg(&mut b.multipoles.buf);
-            // SAFETY: as above, for m2m_cells.
-            unsafe { launch.launch(grid(count)) }?;
-        }
-        stream.synchronize()?;
-        secs.upward = t.elapsed().as_secs_f64();
-
-        let t = Instant::now();
-        let cells32 = cells as u32;
-        let mut launch = stream.launch_builder(&self.m2l);
-        launch
-            .arg(&b.all.buf)
-            .arg(&cells32)
-            .arg(&b.m2l_offsets.buf)
-            .arg(&b.m2l_list.buf)
-            .arg(&b.centre.buf);
-        launch.arg(&b.multipoles.buf).arg(&p).arg(&mut b.locals.buf);
-        // SAFETY: as above, for m2l_cells.
-        unsafe { launch.launch(grid(cells)) }?;
-        stream.synchronize()?;
-        secs.m2l = t.elapsed().as_secs_f64();
-
-        let t = Instant::now();
-        for l in 1..levels {
-            let (lo, hi) = (plan.level_start[l], plan.level_start[l + 1]);
-            let count = hi - lo;
-            let level_cells = b.all.buf.slice(lo as usize..hi as usize);
-            let mut launch = stream.launch_builder(&self.l2l);
-            launch
-                .arg(&level_cells)
-                .arg(&count)
-                .arg(&b.parent.buf)
-                .arg(&b.centre.buf)
-                .arg(&p);
-            launch.arg(&mut b.locals.buf);
-            // SAFETY: as above, for l2l_cells.
-            unsafe { launch.launch(grid(count as usize)) }?;
-        }
-        let n32 = n as u32;
-        let mut launch = stream.launch_builder(&self.l2p);
-        launch
-            .arg(&b.pos.buf)
-            .arg(&b.leaf_of.buf)
-            .arg(&b.centre.buf)
-            .arg(&b.locals.buf)
-            .arg(&n32)
-            .arg(&p)
-            .arg(&g);
-        launch.arg(&mut b.acc.buf).arg(&mut b.pot.buf);
-        // SAFETY: as above, for l2p_particles.
-        unsafe { launch.launch(grid(n)) }?;
-        stream.synchronize()?;
-        secs.downward = t.elapsed().as_secs_f64();
-
-        let t = Instant::now();
-        let kernel: i32 = match softening.kernel {
-            SofteningKernel::Plummer => 0,
-            SofteningKernel::Spline => 1,
-        };
-        let eps = softening.epsilon;
-        let (eps2, h) = (
-            (eps * eps) as f32,
-            (SPLINE_SUPPORT_PER_EPSILON * eps) as f32,
-        );
-        let mut launch = stream.launch_builder(&self.p2p);
-        launch
-            .arg(&b.pos.buf)
-            .arg(&b.mass.buf)
-            .arg(&b.begin.buf)
-            .arg(&b.end.buf)
-            .arg(&b.centre.buf)
-            .arg(&b.leaves.buf);
-        launch
-            .arg(&b.p2p_offsets.buf)
-            .arg(&b.p2p_list.buf)
-            .arg(&kernel)
-            .arg(&eps2)
-            .arg(&h)
-            .arg(&g);
-        launch.arg(&mut b.acc.buf).arg(&mut b.pot.buf);
-        let config = LaunchConfig {
-            grid_dim: (n_leaves.max(1), 1, 1),
-            block_dim: (BLOCK, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        if n_leaves > 0 {
-            // SAFETY: as above, for p2p_leaves (one block per target leaf).
-            unsafe { launch.launch(config) }?;
-        }
-        stream.synchronize()?;
-        secs.p2p = t.elapsed().as_secs_f64();
-
-        let t = Instant::now();
+        let n = plan.pos.len();
         let acc = stream.clone_dtoh(&b.acc.buf.slice(0..3 * n))?;
         let pot = stream.clone_dtoh(&b.pot.buf.slice(0..n))?;
         secs.download = t.elapsed().as_secs_f64();
@@ -491,4 +377,365 @@ impl GpuFmm {
             seconds: secs,
         })
     }
+
+    /// The forces of `plan` on the particles of `state`, which stay on the device: their
+    /// positions and masses are gathered into the plan's tree order there (the plan's own
+    /// copies are not sent) and the accelerations and potentials scattered back into
+    /// `state`; only the lists go up.
+    pub fn evaluate_resident(
+        &mut self,
+        plan: &DevicePlan,
+        caps: &Caps,
+        softening: Softening,
+        g: f64,
+        state: &mut DeviceState,
+    ) -> Result<GpuSeconds, GpuError> {
+        let n = plan.pos.len();
+        if n != state.n {
+            return Err(GpuError::Unsupported(format!(
+                "a plan for {n} particles on a device state of {}",
+                state.n
+            )));
+        }
+        let mut secs = GpuSeconds::default();
+        let t = Instant::now();
+        let stream = self.stream.clone();
+        let b = upload_plan(&stream, &mut self.buffers, plan, caps)?;
+        b.order_of.upload(&stream, &plan.order_of)?;
+        let n32 = n as u32;
+        let mut launch = stream.launch_builder(&self.kernels.gather);
+        launch
+            .arg(&state.pos)
+            .arg(&state.mass)
+            .arg(&b.order_of.buf)
+            .arg(&n32)
+            .arg(&mut b.pos.buf)
+            .arg(&mut b.mass.buf);
+        // SAFETY: the arguments match gather_tree_order's signature; every buffer holds n.
+        unsafe { launch.launch(grid(n)) }?;
+        stream.synchronize()?;
+        secs.upload = t.elapsed().as_secs_f64();
+        run_passes(&self.kernels, &stream, b, plan, softening, g, &mut secs)?;
+        let t = Instant::now();
+        let mut launch = stream.launch_builder(&self.kernels.scatter);
+        launch
+            .arg(&b.acc.buf)
+            .arg(&b.pot.buf)
+            .arg(&b.order_of.buf)
+            .arg(&n32)
+            .arg(&mut state.acc)
+            .arg(&mut state.pot);
+        // SAFETY: as above, for scatter_forces.
+        unsafe { launch.launch(grid(n)) }?;
+        stream.synchronize()?;
+        secs.download = t.elapsed().as_secs_f64();
+        Ok(secs)
+    }
+
+    /// The particles' state on the device: positions, velocities, masses, accelerations
+    /// and components of `particles` (their order).
+    pub fn load_state(&self, particles: &Particles) -> Result<DeviceState, GpuError> {
+        let stream = &self.stream;
+        let n = particles.len();
+        let [pos, vel, mass, acc, pot, block_max] = resident_f64_counts(n);
+        let upload = |data: Vec<f64>, count: usize| -> Result<CudaSlice<f64>, GpuError> {
+            let mut buf = stream.alloc_zeros::<f64>(count.max(1))?;
+            if !data.is_empty() {
+                stream.memcpy_htod(&data, &mut buf)?;
+            }
+            Ok(buf)
+        };
+        let component: Vec<u8> = particles
+            .component
+            .iter()
+            .map(|c| c.index() as u8)
+            .collect();
+        let mut component_buf = stream.alloc_zeros::<u8>(n.max(1))?;
+        if n > 0 {
+            stream.memcpy_htod(&component, &mut component_buf)?;
+        }
+        Ok(DeviceState {
+            n,
+            pos: upload(flat(&particles.pos), pos)?,
+            vel: upload(flat(&particles.vel), vel)?,
+            mass: upload(particles.mass.clone(), mass)?,
+            acc: upload(flat(&particles.acc), acc)?,
+            pot: upload(particles.pot.clone(), pot)?,
+            block_max: stream.alloc_zeros::<f64>(block_max)?,
+            component: component_buf,
+        })
+    }
+
+    /// `v += a dt` on the device.
+    pub fn kick(&self, state: &mut DeviceState, dt: f64) -> Result<(), GpuError> {
+        let n32 = state.n as u32;
+        let mut launch = self.stream.launch_builder(&self.kernels.kick);
+        launch
+            .arg(&mut state.vel)
+            .arg(&state.acc)
+            .arg(&dt)
+            .arg(&n32);
+        // SAFETY: the arguments match kick's signature; both buffers hold 3 n values.
+        unsafe { launch.launch(grid(state.n)) }?;
+        Ok(())
+    }
+
+    /// `x += v dt` on the device.
+    pub fn drift(&self, state: &mut DeviceState, dt: f64) -> Result<(), GpuError> {
+        let n32 = state.n as u32;
+        let mut launch = self.stream.launch_builder(&self.kernels.drift);
+        launch
+            .arg(&mut state.pos)
+            .arg(&state.vel)
+            .arg(&dt)
+            .arg(&n32);
+        // SAFETY: as above, for drift.
+        unsafe { launch.launch(grid(state.n)) }?;
+        Ok(())
+    }
+
+    /// The largest |a| of each component's particles (`Component::index` order; 0 where
+    /// there are none), with the host's bits (`leapfrog::max_acceleration_by_component`):
+    /// per-block maxima of |a|² on the device, their maximum and square root here.
+    pub fn max_acceleration_by_component(
+        &self,
+        state: &mut DeviceState,
+    ) -> Result<[f64; 4], GpuError> {
+        let n32 = state.n as u32;
+        let mut launch = self.stream.launch_builder(&self.kernels.max_acc);
+        launch
+            .arg(&state.acc)
+            .arg(&state.component)
+            .arg(&n32)
+            .arg(&mut state.block_max);
+        // SAFETY: as above, for max_acceleration_blocks (block_max holds 4 per block).
+        unsafe { launch.launch(grid(state.n)) }?;
+        let blocks = self.stream.clone_dtoh(&state.block_max)?;
+        self.stream.synchronize()?;
+        let mut best = [0.0f64; 4];
+        for m in blocks.chunks_exact(4) {
+            for c in 0..4 {
+                best[c] = best[c].max(m[c]);
+            }
+        }
+        Ok(best.map(f64::sqrt))
+    }
+
+    /// Copies the positions of `state` into `pos` (the host's tree build needs them).
+    pub fn positions(&self, state: &DeviceState, pos: &mut [[f64; 3]]) -> Result<(), GpuError> {
+        let flat = self.stream.clone_dtoh(&state.pos.slice(0..3 * state.n))?;
+        self.stream.synchronize()?;
+        for (p, x) in pos.iter_mut().zip(flat.chunks_exact(3)) {
+            *p = [x[0], x[1], x[2]];
+        }
+        Ok(())
+    }
+
+    /// Copies positions, velocities, accelerations and potentials of `state` into
+    /// `particles` (masses and components do not change on the device).
+    pub fn store_state(
+        &self,
+        state: &DeviceState,
+        particles: &mut Particles,
+    ) -> Result<(), GpuError> {
+        let n = state.n;
+        let rows = |buf: &CudaSlice<f64>| -> Result<Vec<[f64; 3]>, GpuError> {
+            let flat = self.stream.clone_dtoh(&buf.slice(0..3 * n))?;
+            Ok(flat.chunks_exact(3).map(|x| [x[0], x[1], x[2]]).collect())
+        };
+        particles.pos = rows(&state.pos)?;
+        particles.vel = rows(&state.vel)?;
+        particles.acc = rows(&state.acc)?;
+        particles.pot = self.stream.clone_dtoh(&state.pot.slice(0..n))?;
+        self.stream.synchronize()?;
+        Ok(())
+    }
+}
+
+/// The buffers, grown to fit `plan` (and `caps`), with the plan's tree and lists
+/// uploaded and the expansions and forces zeroed; positions and masses are the caller's.
+fn upload_plan<'a>(
+    stream: &Arc<CudaStream>,
+    buffers: &'a mut Option<Buffers>,
+    plan: &DevicePlan,
+    caps: &Caps,
+) -> Result<&'a mut Buffers, GpuError> {
+    let lengths = DeviceLengths::of(plan, caps);
+    let (n, cells, len) = (plan.pos.len(), plan.centre.len(), lengths.expansion);
+    let stream = stream.clone();
+    let b = match buffers {
+        Some(b) => {
+            b.fit(&stream, &lengths)?;
+            b
+        }
+        none => none.insert(Buffers::new(&stream, &lengths)?),
+    };
+    b.centre.upload(&stream, &flat(&plan.centre))?;
+    b.begin.upload(&stream, &plan.begin)?;
+    b.end.upload(&stream, &plan.end)?;
+    b.first_child.upload(&stream, &plan.first_child)?;
+    b.child_count.upload(&stream, &plan.child_count)?;
+    b.parent.upload(&stream, &plan.parent)?;
+    b.leaves.upload(&stream, &plan.leaves)?;
+    b.leaf_of.upload(&stream, &plan.leaf_of)?;
+    b.m2l_offsets.upload(&stream, &plan.m2l_offsets)?;
+    b.m2l_list.upload(&stream, &plan.m2l_list)?;
+    b.p2p_offsets.upload(&stream, &plan.p2p_offsets)?;
+    b.p2p_list.upload(&stream, &plan.p2p_list)?;
+    let all: Vec<u32> = (0..cells as u32).collect();
+    b.all.upload(&stream, &all)?;
+    b.parents.upload(&stream, &parents_by_level(plan).0)?;
+    b.multipoles.zero(&stream, cells * len)?;
+    b.locals.zero(&stream, cells * len)?;
+    b.acc.zero(&stream, 3 * n)?;
+    b.pot.zero(&stream, n)?;
+    Ok(b)
+}
+
+/// The cells with children of every level, one level after the other, and each level's
+/// (offset, count) in that list: the per-level launches of M2M.
+fn parents_by_level(plan: &DevicePlan) -> (Vec<u32>, Vec<(usize, usize)>) {
+    let levels = plan.level_start.len().saturating_sub(1);
+    let mut parents = Vec::new();
+    let mut by_level = Vec::with_capacity(levels);
+    for l in 0..levels {
+        let (lo, hi) = (plan.level_start[l], plan.level_start[l + 1]);
+        let start = parents.len();
+        parents.extend((lo..hi).filter(|&c| plan.child_count[c as usize] > 0));
+        by_level.push((start, parents.len() - start));
+    }
+    (parents, by_level)
+}
+
+/// P2M, M2M per level, M2L, L2L per level, L2P and P2P on buffers `upload_plan` filled
+/// (positions and masses in tree order included), their seconds into `secs`.
+fn run_passes(
+    k: &Kernels,
+    stream: &Arc<CudaStream>,
+    b: &mut Buffers,
+    plan: &DevicePlan,
+    softening: Softening,
+    g: f64,
+    secs: &mut GpuSeconds,
+) -> Result<(), GpuError> {
+    let (n, cells) = (plan.pos.len(), plan.centre.len());
+    let p = plan.order as i32;
+    let levels = plan.level_start.len().saturating_sub(1);
+    let t = Instant::now();
+    let n_leaves = plan.leaves.len() as u32;
+    let mut launch = stream.launch_builder(&k.p2m);
+    launch
+        .arg(&b.pos.buf)
+        .arg(&b.mass.buf)
+        .arg(&b.leaves.buf)
+        .arg(&n_leaves)
+        .arg(&b.begin.buf)
+        .arg(&b.end.buf);
+    launch.arg(&b.centre.buf).arg(&p).arg(&mut b.multipoles.buf);
+    // SAFETY: the arguments match p2m_leaves's signature and the buffers' sizes.
+    unsafe { launch.launch(grid(plan.leaves.len())) }?;
+    for &(start, count) in parents_by_level(plan).1.iter().rev() {
+        if count == 0 {
+            continue;
+        }
+        let count32 = count as u32;
+        let level_parents = b.parents.buf.slice(start..start + count);
+        let mut launch = stream.launch_builder(&k.m2m);
+        launch
+            .arg(&level_parents)
+            .arg(&count32)
+            .arg(&b.first_child.buf)
+            .arg(&b.child_count.buf);
+        launch.arg(&b.centre.buf).arg(&p).arg(&mut b.multipoles.buf);
+        // SAFETY: as above, for m2m_cells.
+        unsafe { launch.launch(grid(count)) }?;
+    }
+    stream.synchronize()?;
+    secs.upward = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let cells32 = cells as u32;
+    let mut launch = stream.launch_builder(&k.m2l);
+    launch
+        .arg(&b.all.buf)
+        .arg(&cells32)
+        .arg(&b.m2l_offsets.buf)
+        .arg(&b.m2l_list.buf)
+        .arg(&b.centre.buf);
+    launch.arg(&b.multipoles.buf).arg(&p).arg(&mut b.locals.buf);
+    // SAFETY: as above, for m2l_cells.
+    unsafe { launch.launch(grid(cells)) }?;
+    stream.synchronize()?;
+    secs.m2l = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    for l in 1..levels {
+        let (lo, hi) = (plan.level_start[l], plan.level_start[l + 1]);
+        let count = hi - lo;
+        let level_cells = b.all.buf.slice(lo as usize..hi as usize);
+        let mut launch = stream.launch_builder(&k.l2l);
+        launch
+            .arg(&level_cells)
+            .arg(&count)
+            .arg(&b.parent.buf)
+            .arg(&b.centre.buf)
+            .arg(&p);
+        launch.arg(&mut b.locals.buf);
+        // SAFETY: as above, for l2l_cells.
+        unsafe { launch.launch(grid(count as usize)) }?;
+    }
+    let n32 = n as u32;
+    let mut launch = stream.launch_builder(&k.l2p);
+    launch
+        .arg(&b.pos.buf)
+        .arg(&b.leaf_of.buf)
+        .arg(&b.centre.buf)
+        .arg(&b.locals.buf)
+        .arg(&n32)
+        .arg(&p)
+        .arg(&g);
+    launch.arg(&mut b.acc.buf).arg(&mut b.pot.buf);
+    // SAFETY: as above, for l2p_particles.
+    unsafe { launch.launch(grid(n)) }?;
+    stream.synchronize()?;
+    secs.downward = t.elapsed().as_secs_f64();
+
+    let t = Instant::now();
+    let kernel: i32 = match softening.kernel {
+        SofteningKernel::Plummer => 0,
+        SofteningKernel::Spline => 1,
+    };
+    let eps = softening.epsilon;
+    let (eps2, h) = (
+        (eps * eps) as f32,
+        (SPLINE_SUPPORT_PER_EPSILON * eps) as f32,
+    );
+    let mut launch = stream.launch_builder(&k.p2p);
+    launch
+        .arg(&b.pos.buf)
+        .arg(&b.mass.buf)
+        .arg(&b.begin.buf)
+        .arg(&b.end.buf)
+        .arg(&b.centre.buf)
+        .arg(&b.leaves.buf);
+    launch
+        .arg(&b.p2p_offsets.buf)
+        .arg(&b.p2p_list.buf)
+        .arg(&kernel)
+        .arg(&eps2)
+        .arg(&h)
+        .arg(&g);
+    launch.arg(&mut b.acc.buf).arg(&mut b.pot.buf);
+    let config = LaunchConfig {
+        grid_dim: (n_leaves.max(1), 1, 1),
+        block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    if n_leaves > 0 {
+        // SAFETY: as above, for p2p_leaves (one block per target leaf).
+        unsafe { launch.launch(config) }?;
+    }
+    stream.synchronize()?;
+    secs.p2p = t.elapsed().as_secs_f64();
+    Ok(())
 }

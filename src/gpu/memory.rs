@@ -1,8 +1,10 @@
-//! What one GPU's force evaluations hold in device memory (design §7): the element count of
-//! every device buffer for a plan, each at least the size the caps give it, so that the
-//! buffers of a run's first evaluation serve the later ones (`device::GpuFmm` keeps them).
-//! One list for the allocation and for the bytes per particle a GPU needs (issue target:
-//! ≤ 1 KB, so that 1e8 particles fit on an H200), which needs no GPU to compute.
+//! What one GPU holds in device memory (design §7): the element count of every buffer of the
+//! force evaluations for a plan, each at least the size the caps give it, so that the
+//! buffers of a run's first evaluation serve the later ones (`device::GpuFmm` keeps them),
+//! and of the particle state that stays on the device between steps
+//! (`device::DeviceState`). One list for the allocation and for the bytes per particle a
+//! GPU needs (issue target: ≤ 1 KB, so that 1e8 particles fit on an H200), which needs no
+//! GPU to compute.
 
 use crate::fmm::caps::Caps;
 use crate::fmm::solver::DevicePlan;
@@ -10,7 +12,34 @@ use crate::fmm::solver::DevicePlan;
 /// Number of f64 buffers (`DeviceLengths::f64_counts`).
 pub const F64_BUFFERS: usize = 7;
 /// Number of u32 buffers (`DeviceLengths::u32_counts`).
-pub const U32_BUFFERS: usize = 13;
+pub const U32_BUFFERS: usize = 14;
+/// Number of f64 buffers of the resident state (`resident_f64_counts`).
+pub const RESIDENT_BUFFERS: usize = 6;
+
+/// Threads per block of the per-item kernels (and of P2P, ≤ P2P_MAX_BLOCK in p2p.cu; of
+/// `max_acceleration_blocks`, a power of two ≤ MAX_ACC_BLOCK in integrate.cu).
+pub const THREADS_PER_BLOCK: u32 = 128;
+
+/// Element counts of the resident state of `particles` particles, in the order
+/// `DeviceState` keeps them: positions, velocities, masses, accelerations, potentials (the
+/// run's particle order), and 4 per-component maxima of |a|² per block of the criterion's
+/// reduction. Besides these, one component byte per particle.
+pub fn resident_f64_counts(particles: usize) -> [usize; RESIDENT_BUFFERS] {
+    let n = particles;
+    [
+        3 * n,
+        3 * n,
+        n,
+        3 * n,
+        n,
+        4 * n.div_ceil(THREADS_PER_BLOCK as usize).max(1),
+    ]
+}
+
+/// Bytes of device memory the resident state of `particles` particles takes.
+pub fn resident_bytes(particles: usize) -> usize {
+    8 * resident_f64_counts(particles).iter().sum::<usize>() + particles
+}
 
 /// The sizes the device buffers of one evaluation need: particles, cells (at least the
 /// caps' cells), M2L and P2P list entries (at least the caps' pairs) and values
@@ -61,7 +90,7 @@ impl DeviceLengths {
     }
 
     /// Element counts of the u32 buffers, in the order `GpuFmm` keeps them: the leaf of
-    /// each particle; per cell its particle range, first child, child count, parent, its
+    /// each particle and its index in the run's order; per cell its particle range, first child, child count, parent, its
     /// own index (the per-level launches' cell lists), the parents by level, M2L offsets;
     /// the M2L list; the leaves, their P2P offsets and the P2P list (as many leaf slots as
     /// cells: a leaf is a cell, and the leaf count changes from step to step while the
@@ -69,6 +98,7 @@ impl DeviceLengths {
     pub fn u32_counts(&self) -> [usize; U32_BUFFERS] {
         let c = self.cells;
         [
+            self.particles,
             self.particles,
             c,
             c,
@@ -90,9 +120,10 @@ impl DeviceLengths {
         8 * self.f64_counts().iter().sum::<usize>() + 4 * self.u32_counts().iter().sum::<usize>()
     }
 
-    /// Bytes of device memory per particle.
+    /// Bytes of device memory per particle of a run: the evaluation's buffers and the
+    /// resident state.
     pub fn bytes_per_particle(&self) -> f64 {
-        self.bytes() as f64 / self.particles.max(1) as f64
+        (self.bytes() + resident_bytes(self.particles)) as f64 / self.particles.max(1) as f64
     }
 }
 
@@ -109,7 +140,14 @@ mod tests {
             p2p: 5,
             expansion: 6,
         };
-        // f64: 30 + 10 + 30 + 10 + 9 + 18 + 18 = 125; u32: 10 + 7 * 3 + 4 + 4 + 3 + 4 + 5 = 51.
-        assert_eq!(l.bytes(), 8 * 125 + 4 * 51);
+        // f64: 30 + 10 + 30 + 10 + 9 + 18 + 18 = 125; u32: 2 * 10 + 7 * 3 + 4 + 4 + 3 + 4 + 5
+        // = 61.
+        assert_eq!(l.bytes(), 8 * 125 + 4 * 61);
+        // Resident: 30 + 30 + 10 + 30 + 10 + 4 f64 and 10 component bytes.
+        assert_eq!(resident_bytes(10), 8 * 114 + 10);
+        assert_eq!(
+            l.bytes_per_particle(),
+            (8 * 125 + 4 * 61 + 8 * 114 + 10) as f64 / 10.0
+        );
     }
 }

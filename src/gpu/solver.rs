@@ -1,13 +1,14 @@
 //! The GPU force solver of a run: the host builds the tree and the lists each step
-//! (`FmmSolver::plan`), the device runs the passes (`GpuFmm`). First form of design §7's
-//! pipeline: positions go up and forces come down every step; device-resident state is
-//! the next step.
+//! (`FmmSolver::plan`), the device runs the passes (`GpuFmm`). Design §7's pipeline: with
+//! the particles resident on the device (`ResidentState`, the global scheme), only the
+//! positions come back each step and the lists go over; otherwise (`compute`, e.g. the
+//! block scheme's sub-steps) positions go up and forces come down.
 
-use super::device::GpuFmm;
+use super::device::{DeviceState, GpuError, GpuFmm, GpuSeconds};
 use crate::fmm::FmmSolver;
 use crate::fmm::caps::Caps;
-use crate::fmm::solver::FmmStats;
-use crate::gravity::{ForceReport, GravityError, GravitySolver, check_finite};
+use crate::fmm::solver::{DevicePlan, FmmStats};
+use crate::gravity::{ForceReport, GravityError, GravitySolver, ResidentState, check_finite};
 use crate::particles::Particles;
 use std::time::Instant;
 
@@ -15,6 +16,13 @@ use std::time::Instant;
 pub struct GpuSolver {
     host: FmmSolver,
     device: GpuFmm,
+    /// The run's particles on the device, once `ResidentState::load`ed.
+    state: Option<DeviceState>,
+}
+
+/// A device failure as the solver's error.
+fn device_error(e: GpuError) -> GravityError {
+    GravityError::Device(e.to_string())
 }
 
 impl GpuSolver {
@@ -23,6 +31,33 @@ impl GpuSolver {
         GpuSolver {
             host: host.with_backend("cuda"),
             device,
+            state: None,
+        }
+    }
+
+    /// The host's tree and lists for `particles` (positions as they are now).
+    fn plan(&mut self, particles: &Particles) -> Result<(DevicePlan, FmmStats), GravityError> {
+        check_finite(particles)?;
+        self.host
+            .plan(&particles.pos, &particles.mass, &particles.id)
+    }
+
+    /// The report of an evaluation of `plan` whose device phases took `s`.
+    fn report(
+        plan: &DevicePlan,
+        mut stats: FmmStats,
+        s: GpuSeconds,
+        start: Instant,
+    ) -> ForceReport {
+        stats.seconds.upward += s.upload + s.upward;
+        stats.seconds.m2l += s.m2l;
+        stats.seconds.downward += s.downward;
+        stats.seconds.p2p += s.p2p + s.download;
+        stats.p2p_interactions = plan.p2p_interactions();
+        ForceReport {
+            pair_interactions: stats.p2p_interactions,
+            seconds: start.elapsed().as_secs_f64(),
+            stats: stats.solver_stats(),
         }
     }
 }
@@ -33,42 +68,25 @@ impl GravitySolver for GpuSolver {
     }
 
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
-        check_finite(particles)?;
         let start = Instant::now();
         let n = particles.len();
         particles.acc.resize(n, [0.0; 3]);
         particles.pot.resize(n, 0.0);
         if n == 0 {
-            return Ok(ForceReport {
-                pair_interactions: 0,
-                seconds: 0.0,
-                stats: FmmStats::default().solver_stats(),
-            });
+            return Ok(no_work());
         }
-        let (plan, mut stats) = self
-            .host
-            .plan(&particles.pos, &particles.mass, &particles.id)?;
+        let (plan, stats) = self.plan(particles)?;
         let settings = self.host.settings();
         let caps = self.host.caps().unwrap_or_default();
         let out = self
             .device
             .evaluate(&plan, &caps, settings.softening, settings.g)
-            .map_err(|e| GravityError::Device(e.to_string()))?;
+            .map_err(device_error)?;
         for (sorted, &orig) in plan.order_of.iter().enumerate() {
             particles.acc[orig as usize] = out.acc[sorted];
             particles.pot[orig as usize] = out.pot[sorted];
         }
-        let s = out.seconds;
-        stats.seconds.upward += s.upload + s.upward;
-        stats.seconds.m2l += s.m2l;
-        stats.seconds.downward += s.downward;
-        stats.seconds.p2p += s.p2p + s.download;
-        stats.p2p_interactions = plan.p2p_interactions();
-        Ok(ForceReport {
-            pair_interactions: stats.p2p_interactions,
-            seconds: start.elapsed().as_secs_f64(),
-            stats: stats.solver_stats(),
-        })
+        Ok(Self::report(&plan, stats, out.seconds, start))
     }
 
     fn stat_names(&self) -> Vec<&'static str> {
@@ -86,4 +104,73 @@ impl GravitySolver for GpuSolver {
     fn set_caps(&mut self, caps: Caps) {
         self.host.set_caps(caps);
     }
+
+    fn resident(&mut self) -> Option<&mut dyn ResidentState> {
+        Some(self)
+    }
+}
+
+impl ResidentState for GpuSolver {
+    fn load(&mut self, particles: &Particles) -> Result<(), GravityError> {
+        self.state = Some(self.device.load_state(particles).map_err(device_error)?);
+        Ok(())
+    }
+
+    fn kick(&mut self, h: f64) -> Result<(), GravityError> {
+        let state = self.state.as_mut().ok_or_else(not_loaded)?;
+        self.device.kick(state, h).map_err(device_error)
+    }
+
+    fn drift(&mut self, h: f64) -> Result<(), GravityError> {
+        let state = self.state.as_mut().ok_or_else(not_loaded)?;
+        self.device.drift(state, h).map_err(device_error)
+    }
+
+    fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
+        let start = Instant::now();
+        if particles.is_empty() {
+            return Ok(no_work());
+        }
+        let state = self.state.as_mut().ok_or_else(not_loaded)?;
+        self.device
+            .positions(state, &mut particles.pos)
+            .map_err(device_error)?;
+        let (plan, stats) = self.plan(particles)?;
+        let settings = self.host.settings();
+        let caps = self.host.caps().unwrap_or_default();
+        let state = self.state.as_mut().ok_or_else(not_loaded)?;
+        let seconds = self
+            .device
+            .evaluate_resident(&plan, &caps, settings.softening, settings.g, state)
+            .map_err(device_error)?;
+        Ok(Self::report(&plan, stats, seconds, start))
+    }
+
+    fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], GravityError> {
+        let state = self.state.as_mut().ok_or_else(not_loaded)?;
+        self.device
+            .max_acceleration_by_component(state)
+            .map_err(device_error)
+    }
+
+    fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError> {
+        let state = self.state.as_ref().ok_or_else(not_loaded)?;
+        self.device
+            .store_state(state, particles)
+            .map_err(device_error)
+    }
+}
+
+/// The report of an evaluation without particles.
+fn no_work() -> ForceReport {
+    ForceReport {
+        pair_interactions: 0,
+        seconds: 0.0,
+        stats: FmmStats::default().solver_stats(),
+    }
+}
+
+/// Using the device state before `ResidentState::load`.
+fn not_loaded() -> GravityError {
+    GravityError::Device("the particles were not loaded onto the device".into())
 }

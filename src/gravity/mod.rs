@@ -112,6 +112,41 @@ pub trait GravitySolver: Send {
 
     /// Restores `decomposition_work` from a checkpoint.
     fn set_decomposition_work(&mut self, _work: Vec<f64>) {}
+
+    /// The particle state on this solver's device, when it can keep it there between
+    /// steps (the GPU backend); `None` for a solver that works on the host's particles.
+    fn resident(&mut self) -> Option<&mut dyn ResidentState> {
+        None
+    }
+}
+
+/// Particles kept on a solver's device for a whole run (design §7): once `load`ed, the
+/// device copy is the state; the integrator kicks and drifts it there, each force
+/// evaluation brings back only the positions (the host builds the tree), and `store`
+/// brings the rest back when the host reads it (diagnostics, snapshots, checkpoints).
+/// Masses and components never change during a run and are not brought back.
+pub trait ResidentState {
+    /// Takes positions, velocities, masses, accelerations, potentials and components of
+    /// `particles` onto the device (their order is the device's from now on).
+    fn load(&mut self, particles: &Particles) -> Result<(), GravityError>;
+
+    /// `v += a h` on the device.
+    fn kick(&mut self, h: f64) -> Result<(), GravityError>;
+
+    /// `x += v h` on the device.
+    fn drift(&mut self, h: f64) -> Result<(), GravityError>;
+
+    /// Forces on the device state; its positions come back into `particles.pos` (the host
+    /// builds the tree on them, `particles.mass` and `id` serve as the device's), the
+    /// accelerations and potentials stay on the device.
+    fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError>;
+
+    /// The largest |a| of each component's particles, as
+    /// `integrate::leapfrog::max_acceleration_by_component` gives it on the host.
+    fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], GravityError>;
+
+    /// Positions, velocities, accelerations and potentials back into `particles`.
+    fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError>;
 }
 
 /// Rejects NaN/Inf positions and masses before a solver turns them into garbage forces.

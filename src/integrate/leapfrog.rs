@@ -42,14 +42,6 @@ pub fn drift(p: &mut Particles, h: f64) {
         });
 }
 
-/// Largest |a| over all particles (exact, order-independent).
-pub fn max_acceleration(p: &Particles) -> f64 {
-    p.acc
-        .par_iter()
-        .map(|a| (a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt())
-        .reduce(|| 0.0, f64::max)
-}
-
 /// Largest |a| of each component's particles (indexed by `Component::index`; 0 where a
 /// component has none), for time steps from per-component softening lengths.
 pub fn max_acceleration_by_component(p: &Particles) -> [f64; 4] {
