@@ -494,6 +494,9 @@ fn fmm_input(plan: &leapfmm::fmm::solver::DevicePlan, softening: Softening, g: f
             plan.m2l_list.len() as u32,
             plan.p2p_list.len() as u32,
             plan.order as u32,
+            plan.own_particles as u32,
+            plan.own_cells as u32,
+            u32::from(plan.multipoles.is_some()),
         ],
     );
     let kernel = match softening.kernel {
@@ -524,6 +527,9 @@ fn fmm_input(plan: &leapfmm::fmm::solver::DevicePlan, softening: Softening, g: f
         &plan.p2p_list,
     ] {
         u32_bytes(&mut b, v);
+    }
+    if let Some(m) = &plan.multipoles {
+        f64_bytes(&mut b, m.iter().copied());
     }
     b
 }
@@ -644,4 +650,96 @@ fn a_galaxy_evaluation_needs_under_a_kilobyte_of_device_memory_per_particle() {
     }
     eprintln!("device memory per particle: {worst:.0} bytes");
     assert!(worst <= 1024.0, "{worst} bytes per particle");
+}
+
+/// The kernels' CPU emulation as the device of a distributed FMM rank.
+struct Emulated;
+
+impl leapfmm::fmm::solver::DevicePasses for Emulated {
+    fn run_passes(
+        &mut self,
+        plan: &leapfmm::fmm::solver::DevicePlan,
+        _caps: &leapfmm::fmm::caps::Caps,
+        softening: Softening,
+        g: f64,
+    ) -> Result<leapfmm::fmm::solver::DeviceForces, leapfmm::gravity::GravityError> {
+        let out = f64s(&run_harness("fmm", &fmm_input(plan, softening, g)));
+        let (acc, pot) = out.split_at(3 * plan.own_particles);
+        Ok(leapfmm::fmm::solver::DeviceForces {
+            acc: acc.chunks_exact(3).map(|a| [a[0], a[1], a[2]]).collect(),
+            pot: pot.to_vec(),
+            seconds: Default::default(),
+        })
+    }
+}
+
+#[test]
+fn device_passes_on_three_ranks_give_the_cpu_distributed_forces() {
+    // Each rank's plan carries the cells and particles the other ranks sent and every
+    // multipole (the host computed them for the exchange): the device runs M2L, L2L, L2P and
+    // P2P for its own particles over own and received sources. Same decomposition as the
+    // CPU run (the first evaluation splits by count), so the forces must agree to the
+    // near field's f32 rounding.
+    use leapfmm::distributed::comm::{Communicator, ThreadRank, run_thread_ranks};
+    use leapfmm::distributed::driver::{DistributedFmm, evaluate_on_thread_ranks};
+    use leapfmm::fmm::caps::CapsPolicy;
+    use leapfmm::fmm::p2p::NearFieldPrecision;
+    use leapfmm::fmm::solver::{FmmSettings, FmmSolver};
+    use leapfmm::particles::{Component, Particles};
+    let n = 6000;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(23);
+    let mut particles = Particles::with_capacity(n);
+    for i in 0..n {
+        let s = if i % 4 == 0 { 3.0 } else { 0.5 };
+        let x = std::array::from_fn(|_| s * rng.random_range(-1.0f64..1.0).powi(3));
+        let m = rng.random_range(0.5..1.5) / n as f64;
+        particles.push(x, [0.0; 3], m, i as u64, Component::Generic);
+    }
+    let softening = Softening {
+        kernel: SofteningKernel::Spline,
+        epsilon: 0.01,
+    };
+    let settings = FmmSettings {
+        order: 5,
+        theta: 0.6,
+        leaf_size: 48,
+        softening,
+        g: 1.0,
+        near_field: NearFieldPrecision::Mixed,
+        caps_policy: CapsPolicy::default(),
+    };
+    let ranks = 3;
+    let cpu = evaluate_on_thread_ranks(&particles, &settings, ranks, 1, None).unwrap();
+    let timeout = std::time::Duration::from_secs(600);
+    let per_rank = run_thread_ranks(ranks, 1, timeout, |comm: &ThreadRank| {
+        let (r, k) = (comm.rank(), comm.size());
+        let mut mine = particles.slice(n * r / k..n * (r + 1) / k);
+        let mut solver =
+            DistributedFmm::new(comm.clone(), FmmSolver::new(settings.clone(), None), None)
+                .with_device(Box::new(Emulated));
+        let stats = solver.evaluate(&mut mine, None)?;
+        Ok::<_, leapfmm::gravity::GravityError>((mine, stats))
+    })
+    .unwrap();
+    let mut worst: f64 = 0.0;
+    let mut seen = 0;
+    for (mine, stats) in &per_rank {
+        assert!(
+            stats.let_cells > 0 && stats.let_particles > 0,
+            "rank received nothing"
+        );
+        for i in 0..mine.len() {
+            let k = mine.id[i] as usize;
+            let (a, b) = (cpu.acc[k], mine.acc[i]);
+            let norm = (a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt();
+            let d = (0..3).map(|c| (a[c] - b[c]).powi(2)).sum::<f64>().sqrt();
+            worst = worst
+                .max(d / norm)
+                .max(((mine.pot[i] - cpu.pot[k]) / cpu.pot[k]).abs());
+            seen += 1;
+        }
+    }
+    assert_eq!(seen, n);
+    eprintln!("device passes on {ranks} ranks vs the CPU's: worst relative difference {worst:.2e}");
+    assert!(worst < 1e-5, "{worst:.2e}");
 }

@@ -12,7 +12,8 @@
 //   harness l2l IN OUT        IN: cells, children, p, block, centres, parent, children, locals;
 //                             OUT: locals
 //   harness fmm IN OUT        IN: a whole device plan (tests/gpu_kernels.rs: fmm_input); OUT: acc, pot
-//                             of the full pass sequence P2M, M2M, M2L, L2L, L2P, P2P
+//                             of the own particles from the pass sequence P2M, M2M (unless the
+//                             plan gives the multipoles), M2L, L2L, L2P, P2P
 //   harness m2l IN OUT        IN: cells, targets, list length, p, block, centres, targets,
 //                             offsets, list, multipoles; OUT: locals (zero before)
 #include "cuda_shim.h"
@@ -193,6 +194,10 @@ int main(int argc, char** argv) {
         auto n = in.one<uint32_t>(), cells = in.one<uint32_t>(), levels = in.one<uint32_t>();
         auto n_leaves = in.one<uint32_t>(), m2l_len = in.one<uint32_t>(), p2p_len = in.one<uint32_t>();
         auto p = in.one<uint32_t>();
+        // Own particles and cells (the first ones; the rest came from other ranks) and whether
+        // the multipoles are given (a distributed plan) instead of computed here.
+        auto own_n = in.one<uint32_t>(), own_cells = in.one<uint32_t>();
+        auto given = in.one<uint32_t>();
         auto kernel = in.one<int32_t>();
         auto block = in.one<uint32_t>();
         auto eps2 = in.one<float>(), h = in.one<float>();
@@ -205,31 +210,34 @@ int main(int argc, char** argv) {
         auto parent = in.many<uint32_t>(cells);
         auto level_start = in.many<uint32_t>(levels);
         auto leaves = in.many<uint32_t>(n_leaves);
-        auto leaf_of = in.many<uint32_t>(n);
-        auto m2l_offsets = in.many<uint32_t>(cells + 1), m2l_list = in.many<uint32_t>(m2l_len);
+        auto leaf_of = in.many<uint32_t>(own_n);
+        auto m2l_offsets = in.many<uint32_t>(own_cells + 1), m2l_list = in.many<uint32_t>(m2l_len);
         auto p2p_offsets = in.many<uint32_t>(n_leaves + 1), p2p_list = in.many<uint32_t>(p2p_len);
         size_t len = (size_t)(p + 1) * (p + 2);
         std::vector<double> multipoles(cells * len, 0.0), locals(cells * len, 0.0);
-        std::vector<double> acc(3 * n, 0.0), pot(n, 0.0);
+        if (given) multipoles = in.many<double>(cells * len);
+        std::vector<double> acc(3 * own_n, 0.0), pot(own_n, 0.0);
         auto grid = [&](size_t count) { return (unsigned)((count + block - 1) / block); };
-        launch(grid(n_leaves), block, p2m_leaves, (const double*)pos.data(),
-               (const double*)mass.data(), (const unsigned*)leaves.data(), (unsigned)n_leaves,
-               (const unsigned*)begin.data(), (const unsigned*)end.data(),
-               (const double*)centre.data(), (int)p, multipoles.data());
-        // Upward: the parents of each level, deepest first.
-        for (int l = (int)levels - 2; l >= 0; --l) {
-            std::vector<unsigned> parents;
-            for (unsigned c = level_start[l]; c < level_start[l + 1]; ++c)
-                if (counts[c] > 0) parents.push_back(c);
-            if (parents.empty()) continue;
-            launch(grid(parents.size()), block, m2m_cells, (const unsigned*)parents.data(),
-                   (unsigned)parents.size(), (const unsigned*)first.data(),
-                   (const unsigned*)counts.data(), (const double*)centre.data(), (int)p,
-                   multipoles.data());
+        if (!given) {
+            launch(grid(n_leaves), block, p2m_leaves, (const double*)pos.data(),
+                   (const double*)mass.data(), (const unsigned*)leaves.data(), (unsigned)n_leaves,
+                   (const unsigned*)begin.data(), (const unsigned*)end.data(),
+                   (const double*)centre.data(), (int)p, multipoles.data());
+            // Upward: the parents of each level, deepest first.
+            for (int l = (int)levels - 2; l >= 0; --l) {
+                std::vector<unsigned> parents;
+                for (unsigned c = level_start[l]; c < level_start[l + 1]; ++c)
+                    if (counts[c] > 0) parents.push_back(c);
+                if (parents.empty()) continue;
+                launch(grid(parents.size()), block, m2m_cells, (const unsigned*)parents.data(),
+                       (unsigned)parents.size(), (const unsigned*)first.data(),
+                       (const unsigned*)counts.data(), (const double*)centre.data(), (int)p,
+                       multipoles.data());
+            }
         }
         std::vector<unsigned> all(cells);
         for (unsigned c = 0; c < cells; ++c) all[c] = c;
-        launch(grid(cells), block, m2l_cells, (const unsigned*)all.data(), (unsigned)cells,
+        launch(grid(own_cells), block, m2l_cells, (const unsigned*)all.data(), (unsigned)own_cells,
                (const unsigned*)m2l_offsets.data(), (const unsigned*)m2l_list.data(),
                (const double*)centre.data(), (const double*)multipoles.data(), (int)p,
                locals.data());
@@ -240,9 +248,9 @@ int main(int argc, char** argv) {
                    count, (const unsigned*)parent.data(), (const double*)centre.data(), (int)p,
                    locals.data());
         }
-        launch(grid(n), block, l2p_particles, (const double*)pos.data(),
+        launch(grid(own_n), block, l2p_particles, (const double*)pos.data(),
                (const unsigned*)leaf_of.data(), (const double*)centre.data(),
-               (const double*)locals.data(), (unsigned)n, (int)p, g, acc.data(), pot.data());
+               (const double*)locals.data(), (unsigned)own_n, (int)p, g, acc.data(), pot.data());
         launch((unsigned)n_leaves, block, p2p_leaves, (const double*)pos.data(),
                (const double*)mass.data(), (const unsigned*)begin.data(),
                (const unsigned*)end.data(), (const double*)centre.data(),

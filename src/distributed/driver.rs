@@ -1,7 +1,9 @@
 //! The distributed force solver: every evaluation rebalances the domains on the work measured
 //! in the previous one (particle counts the first time), migrates particles, builds the local
 //! tree in the global cube, exchanges locally essential trees, and runs the FMM passes over
-//! local and imported cells.
+//! local and imported cells: on the host, or with `with_device` on a device (the host keeps
+//! the tree, the lists and the exchange; the plan carries the imported cells, particles and
+//! every multipole over).
 
 use super::comm::{
     Communicator, ThreadRank, allgatherv, allreduce_sum, alltoallv, run_thread_ranks,
@@ -13,7 +15,7 @@ use super::let_tree::{
 use crate::fmm::caps::{CapKind, Caps, CapsTracker};
 use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::presets::PresetsStore;
-use crate::fmm::solver::{Evaluation, FmmStats, RemoteSource, RemoteTree};
+use crate::fmm::solver::{DevicePasses, Evaluation, FmmStats, RemoteSource, RemoteTree};
 use crate::fmm::tree::Tree;
 use crate::fmm::{FmmSettings, FmmSolver};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, SolverStat, check_finite};
@@ -63,6 +65,8 @@ pub struct DistributedFmm<C: Communicator> {
     warnings: Vec<String>,
     /// Softening length per component (`Component::index`), when they differ.
     component_softening: Option<[f64; 4]>,
+    /// Where the passes run when not on the host.
+    device: Option<Box<dyn DevicePasses>>,
 }
 
 impl<C: Communicator> std::fmt::Debug for DistributedFmm<C> {
@@ -234,7 +238,15 @@ impl<C: Communicator> DistributedFmm<C> {
             saved_caps: None,
             warnings: Vec::new(),
             component_softening: None,
+            device: None,
         }
+    }
+
+    /// Runs the passes on `device` (one softening length for all particles; the tree, the
+    /// lists and the exchange stay on the host).
+    pub fn with_device(mut self, device: Box<dyn DevicePasses>) -> Self {
+        self.device = Some(device);
+        self
     }
 
     /// Gives every component its own softening length (indexed by `Component::index`; a
@@ -309,19 +321,39 @@ impl<C: Communicator> DistributedFmm<C> {
             settings: &settings,
             stats: RankStats::default(),
         };
-        let fmm = self.solver.evaluate_with(
-            &particles.pos,
-            &particles.mass,
-            &particles.id,
-            Evaluation {
-                eps: eps.as_deref(),
-                cube: Some(cube),
-                remote: Some(&mut exchange),
-                active,
-            },
-            &mut particles.acc,
-            &mut particles.pot,
-        )?;
+        let with = Evaluation {
+            eps: eps.as_deref(),
+            cube: Some(cube),
+            remote: Some(&mut exchange),
+            active,
+        };
+        let fmm = match &mut self.device {
+            None => self.solver.evaluate_with(
+                &particles.pos,
+                &particles.mass,
+                &particles.id,
+                with,
+                &mut particles.acc,
+                &mut particles.pot,
+            )?,
+            Some(device) => {
+                let (plan, mut stats) =
+                    self.solver
+                        .plan_with(&particles.pos, &particles.mass, &particles.id, with)?;
+                let caps = self.solver.caps().unwrap_or_default();
+                let forces = device.run_passes(&plan, &caps, settings.softening, settings.g)?;
+                for (sorted, &orig) in plan.order_of.iter().enumerate() {
+                    let i = orig as usize;
+                    if active.is_none_or(|a| a[i]) {
+                        particles.acc[i] = forces.acc[sorted];
+                        particles.pot[i] = forces.pot[sorted];
+                    }
+                }
+                forces.seconds.add_to(&mut stats);
+                stats.p2p_interactions = plan.p2p_interactions();
+                stats
+            }
+        };
         let added = self.solver.particle_work();
         let work: f64 = added.iter().sum();
         if everyone || self.work.len() != n {

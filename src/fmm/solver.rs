@@ -413,12 +413,30 @@ impl FmmSolver {
         mass: &[f64],
         id: &[u64],
     ) -> Result<(DevicePlan, FmmStats), GravityError> {
+        self.plan_with(pos, mass, id, Evaluation::default())
+    }
+
+    /// `plan` with the options of `with`. On a rank of a distributed evaluation
+    /// (`with.remote`) the host computes the multipoles, which the exchange needs anyway,
+    /// and they travel in the plan with the other ranks' cells and particles.
+    pub fn plan_with(
+        &mut self,
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        id: &[u64],
+        with: Evaluation,
+    ) -> Result<(DevicePlan, FmmStats), GravityError> {
         let mut stats = FmmStats::default();
-        self.build_lists(pos, mass, id, Evaluation::default(), false, &mut stats)?;
-        self.tracker.settle(&stats.used);
-        self.record_presets(pos.len());
+        let (host_upward, some) = (with.remote.is_some(), with.active.is_some());
+        self.build_lists(pos, mass, id, with, host_upward, &mut stats)?;
+        if !some {
+            self.tracker.settle(&stats.used);
+            self.record_presets(pos.len());
+        }
         let plan = self.device_plan().ok_or_else(|| {
-            GravityError::Device("a device plan needs at least one particle".into())
+            GravityError::Device(
+                "a device plan needs at least one particle and one softening length for all".into(),
+            )
         })?;
         Ok((plan, stats))
     }
@@ -821,13 +839,22 @@ impl FmmSolver {
 pub struct DevicePlan {
     /// Expansion order.
     pub order: usize,
-    /// Particle positions in tree order.
+    /// Particle positions in tree order: the rank's own, then those that came with other
+    /// ranks' cells (sources only).
     pub pos: Vec<[f64; 3]>,
-    /// Masses in tree order.
+    /// Masses in the same order.
     pub mass: Vec<f64>,
-    /// Tree order → the caller's index.
+    /// The rank's own particles (the first of `pos`), which receive forces.
+    pub own_particles: usize,
+    /// The rank's own cells (the first of the cell arrays); the others came from other
+    /// ranks and are sources only.
+    pub own_cells: usize,
+    /// Every cell's multipole (`(order + 1) (order + 2)` values each) when the host computed
+    /// them (a distributed evaluation); `None`: the device computes them (P2M, M2M).
+    pub multipoles: Option<Vec<f64>>,
+    /// Tree order → the caller's index (own particles).
     pub order_of: Vec<u32>,
-    /// Expansion centre of each cell.
+    /// Expansion centre of each cell (own and received).
     pub centre: Vec<[f64; 3]>,
     /// First particle of each cell.
     pub begin: Vec<u32>,
@@ -839,13 +866,13 @@ pub struct DevicePlan {
     pub child_count: Vec<u32>,
     /// Parent of each cell (the root its own).
     pub parent: Vec<u32>,
-    /// Cells of level l: `level_start[l]..level_start[l + 1]`.
+    /// Own cells of level l: `level_start[l]..level_start[l + 1]`.
     pub level_start: Vec<u32>,
-    /// Leaf cells, in particle order.
+    /// Own leaf cells, in particle order.
     pub leaves: Vec<u32>,
-    /// The leaf of each particle (tree order).
+    /// The leaf of each own particle (tree order).
     pub leaf_of: Vec<u32>,
-    /// M2L sources of cell c: `m2l_list[m2l_offsets[c]..m2l_offsets[c + 1]]`.
+    /// M2L sources of own cell c: `m2l_list[m2l_offsets[c]..m2l_offsets[c + 1]]`.
     pub m2l_offsets: Vec<u32>,
     /// See `m2l_offsets`.
     pub m2l_list: Vec<u32>,
@@ -875,15 +902,17 @@ impl DevicePlan {
 }
 
 impl FmmSolver {
-    /// The device plan of the last `evaluate` (one rank, one softening length for all;
-    /// `None` otherwise or before any evaluation).
+    /// The device plan of the last evaluation or plan (one softening length for all;
+    /// `None` otherwise or before any evaluation). With other ranks' cells appended it
+    /// carries the host's multipoles.
     pub fn device_plan(&self) -> Option<DevicePlan> {
         let tree = &self.tree;
         let cells = tree.own_cells;
-        if cells == 0 || tree.cells.len() != cells || !tree.eps.is_empty() {
+        if cells == 0 || !tree.eps.is_empty() {
             return None;
         }
-        let own = &tree.cells[..cells];
+        let remote = tree.cells.len() > cells;
+        let all = &tree.cells;
         let mut leaf_of = vec![0u32; tree.own_particles];
         for &leaf in &tree.leaves {
             let c = &tree.cells[leaf as usize];
@@ -898,15 +927,18 @@ impl FmmSolver {
         }
         Some(DevicePlan {
             order: self.settings.order,
-            pos: tree.pos[..tree.own_particles].to_vec(),
-            mass: tree.mass[..tree.own_particles].to_vec(),
+            pos: tree.pos.clone(),
+            mass: tree.mass.clone(),
+            own_particles: tree.own_particles,
+            own_cells: cells,
+            multipoles: remote.then(|| self.multipoles.clone()),
             order_of: tree.order.clone(),
-            centre: own.iter().map(|c| c.centre).collect(),
-            begin: own.iter().map(|c| c.begin).collect(),
-            end: own.iter().map(|c| c.end).collect(),
-            first_child: own.iter().map(|c| c.first_child).collect(),
-            child_count: own.iter().map(|c| u32::from(c.child_count)).collect(),
-            parent: own.iter().map(|c| c.parent).collect(),
+            centre: all.iter().map(|c| c.centre).collect(),
+            begin: all.iter().map(|c| c.begin).collect(),
+            end: all.iter().map(|c| c.end).collect(),
+            first_child: all.iter().map(|c| c.first_child).collect(),
+            child_count: all.iter().map(|c| u32::from(c.child_count)).collect(),
+            parent: all.iter().map(|c| c.parent).collect(),
             level_start: tree.level_start.iter().map(|&l| l as u32).collect(),
             leaves: tree.leaves.clone(),
             leaf_of,
@@ -916,6 +948,59 @@ impl FmmSolver {
             p2p_list,
         })
     }
+}
+
+/// Accelerations and potentials of a plan's own particles (tree order, G applied) from
+/// passes run on a device, and the seconds of each phase.
+#[derive(Debug, Clone, Default)]
+pub struct DeviceForces {
+    /// Accelerations.
+    pub acc: Vec<[f64; 3]>,
+    /// Potentials.
+    pub pot: Vec<f64>,
+    /// Seconds by phase.
+    pub seconds: DeviceSeconds,
+}
+
+/// Seconds of one device evaluation by phase.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DeviceSeconds {
+    /// Host → device copies.
+    pub upload: f64,
+    /// P2M and M2M.
+    pub upward: f64,
+    /// M2L.
+    pub m2l: f64,
+    /// L2L and L2P.
+    pub downward: f64,
+    /// P2P.
+    pub p2p: f64,
+    /// Device → host copies.
+    pub download: f64,
+}
+
+impl DeviceSeconds {
+    /// Adds these seconds to the host's phases of `stats` (copies count with the pass they
+    /// feed).
+    pub fn add_to(&self, stats: &mut FmmStats) {
+        stats.seconds.upward += self.upload + self.upward;
+        stats.seconds.m2l += self.m2l;
+        stats.seconds.downward += self.downward;
+        stats.seconds.p2p += self.p2p + self.download;
+    }
+}
+
+/// Runs the passes of a `DevicePlan` away from the host's FMM: on a GPU
+/// (`gpu::device::GpuFmm`), or in tests under the kernels' CPU emulation.
+pub trait DevicePasses: Send {
+    /// The forces of `plan`, in buffers sized at least by `caps`.
+    fn run_passes(
+        &mut self,
+        plan: &DevicePlan,
+        caps: &Caps,
+        softening: Softening,
+        g: f64,
+    ) -> Result<DeviceForces, GravityError>;
 }
 
 /// Diagnostics columns of an FMM evaluation: (name, summed between rows).

@@ -13,7 +13,8 @@
 use super::memory::{DeviceLengths, THREADS_PER_BLOCK, resident_f64_counts};
 use super::nvrtc::{KernelError, compile_all};
 use crate::fmm::caps::Caps;
-use crate::fmm::solver::DevicePlan;
+use crate::fmm::solver::{DeviceForces, DevicePasses, DevicePlan, DeviceSeconds};
+use crate::gravity::GravityError;
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
 use crate::particles::Particles;
 use cudarc::driver::{
@@ -243,35 +244,6 @@ impl Buffers {
     }
 }
 
-/// One device evaluation: accelerations and potentials (tree order, G applied) and the
-/// seconds of each phase.
-#[derive(Debug, Clone, Default)]
-pub struct GpuForces {
-    /// Accelerations.
-    pub acc: Vec<[f64; 3]>,
-    /// Potentials.
-    pub pot: Vec<f64>,
-    /// Seconds by phase.
-    pub seconds: GpuSeconds,
-}
-
-/// Seconds of one device evaluation by phase.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GpuSeconds {
-    /// Host → device copies.
-    pub upload: f64,
-    /// P2M and M2M.
-    pub upward: f64,
-    /// M2L.
-    pub m2l: f64,
-    /// L2L and L2P.
-    pub downward: f64,
-    /// P2P.
-    pub p2p: f64,
-    /// Device → host copies.
-    pub download: f64,
-}
-
 fn grid(count: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: ((count as u32).div_ceil(BLOCK).max(1), 1, 1),
@@ -356,8 +328,8 @@ impl GpuFmm {
         caps: &Caps,
         softening: Softening,
         g: f64,
-    ) -> Result<GpuForces, GpuError> {
-        let mut secs = GpuSeconds::default();
+    ) -> Result<DeviceForces, GpuError> {
+        let mut secs = DeviceSeconds::default();
         let t = Instant::now();
         let stream = self.stream.clone();
         let b = upload_plan(&stream, &mut self.buffers, plan, caps)?;
@@ -367,11 +339,11 @@ impl GpuFmm {
         secs.upload = t.elapsed().as_secs_f64();
         run_passes(&self.kernels, &stream, b, plan, softening, g, &mut secs)?;
         let t = Instant::now();
-        let n = plan.pos.len();
+        let n = plan.own_particles;
         let acc = stream.clone_dtoh(&b.acc.buf.slice(0..3 * n))?;
         let pot = stream.clone_dtoh(&b.pot.buf.slice(0..n))?;
         secs.download = t.elapsed().as_secs_f64();
-        Ok(GpuForces {
+        Ok(DeviceForces {
             acc: acc.chunks_exact(3).map(|a| [a[0], a[1], a[2]]).collect(),
             pot,
             seconds: secs,
@@ -389,15 +361,16 @@ impl GpuFmm {
         softening: Softening,
         g: f64,
         state: &mut DeviceState,
-    ) -> Result<GpuSeconds, GpuError> {
-        let n = plan.pos.len();
-        if n != state.n {
+    ) -> Result<DeviceSeconds, GpuError> {
+        let n = plan.own_particles;
+        if n != state.n || plan.pos.len() != n {
             return Err(GpuError::Unsupported(format!(
-                "a plan for {n} particles on a device state of {}",
+                "a plan for {} particles on a device state of {}",
+                plan.pos.len(),
                 state.n
             )));
         }
-        let mut secs = GpuSeconds::default();
+        let mut secs = DeviceSeconds::default();
         let t = Instant::now();
         let stream = self.stream.clone();
         let b = upload_plan(&stream, &mut self.buffers, plan, caps)?;
@@ -616,42 +589,16 @@ fn run_passes(
     plan: &DevicePlan,
     softening: Softening,
     g: f64,
-    secs: &mut GpuSeconds,
+    secs: &mut DeviceSeconds,
 ) -> Result<(), GpuError> {
-    let (n, cells) = (plan.pos.len(), plan.centre.len());
+    // Forces for the own particles and cells; the received ones are sources only.
+    let (n, cells) = (plan.own_particles, plan.own_cells);
     let p = plan.order as i32;
     let levels = plan.level_start.len().saturating_sub(1);
-    let t = Instant::now();
     let n_leaves = plan.leaves.len() as u32;
-    let mut launch = stream.launch_builder(&k.p2m);
-    launch
-        .arg(&b.pos.buf)
-        .arg(&b.mass.buf)
-        .arg(&b.leaves.buf)
-        .arg(&n_leaves)
-        .arg(&b.begin.buf)
-        .arg(&b.end.buf);
-    launch.arg(&b.centre.buf).arg(&p).arg(&mut b.multipoles.buf);
-    // SAFETY: the arguments match p2m_leaves's signature and the buffers' sizes.
-    unsafe { launch.launch(grid(plan.leaves.len())) }?;
-    for &(start, count) in parents_by_level(plan).1.iter().rev() {
-        if count == 0 {
-            continue;
-        }
-        let count32 = count as u32;
-        let level_parents = b.parents.buf.slice(start..start + count);
-        let mut launch = stream.launch_builder(&k.m2m);
-        launch
-            .arg(&level_parents)
-            .arg(&count32)
-            .arg(&b.first_child.buf)
-            .arg(&b.child_count.buf);
-        launch.arg(&b.centre.buf).arg(&p).arg(&mut b.multipoles.buf);
-        // SAFETY: as above, for m2m_cells.
-        unsafe { launch.launch(grid(count)) }?;
+    if plan.multipoles.is_none() {
+        upward_pass(k, stream, b, plan, secs)?;
     }
-    stream.synchronize()?;
-    secs.upward = t.elapsed().as_secs_f64();
 
     let t = Instant::now();
     let cells32 = cells as u32;
@@ -663,7 +610,7 @@ fn run_passes(
         .arg(&b.m2l_list.buf)
         .arg(&b.centre.buf);
     launch.arg(&b.multipoles.buf).arg(&p).arg(&mut b.locals.buf);
-    // SAFETY: as above, for m2l_cells.
+    // SAFETY: the arguments match m2l_cells's signature and the buffers' sizes.
     unsafe { launch.launch(grid(cells)) }?;
     stream.synchronize()?;
     secs.m2l = t.elapsed().as_secs_f64();
@@ -738,4 +685,60 @@ fn run_passes(
     stream.synchronize()?;
     secs.p2p = t.elapsed().as_secs_f64();
     Ok(())
+}
+
+/// P2M at the leaves and M2M level by level towards the root, on the device.
+fn upward_pass(
+    k: &Kernels,
+    stream: &Arc<CudaStream>,
+    b: &mut Buffers,
+    plan: &DevicePlan,
+    secs: &mut DeviceSeconds,
+) -> Result<(), GpuError> {
+    let p = plan.order as i32;
+    let n_leaves = plan.leaves.len() as u32;
+    let t = Instant::now();
+    let mut launch = stream.launch_builder(&k.p2m);
+    launch
+        .arg(&b.pos.buf)
+        .arg(&b.mass.buf)
+        .arg(&b.leaves.buf)
+        .arg(&n_leaves)
+        .arg(&b.begin.buf)
+        .arg(&b.end.buf);
+    launch.arg(&b.centre.buf).arg(&p).arg(&mut b.multipoles.buf);
+    // SAFETY: the arguments match p2m_leaves's signature and the buffers' sizes.
+    unsafe { launch.launch(grid(plan.leaves.len())) }?;
+    for &(start, count) in parents_by_level(plan).1.iter().rev() {
+        if count == 0 {
+            continue;
+        }
+        let count32 = count as u32;
+        let level_parents = b.parents.buf.slice(start..start + count);
+        let mut launch = stream.launch_builder(&k.m2m);
+        launch
+            .arg(&level_parents)
+            .arg(&count32)
+            .arg(&b.first_child.buf)
+            .arg(&b.child_count.buf);
+        launch.arg(&b.centre.buf).arg(&p).arg(&mut b.multipoles.buf);
+        // SAFETY: as above, for m2m_cells.
+        unsafe { launch.launch(grid(count)) }?;
+    }
+    stream.synchronize()?;
+    secs.upward = t.elapsed().as_secs_f64();
+    Ok(())
+}
+
+impl DevicePasses for GpuFmm {
+    fn run_passes(
+        &mut self,
+        plan: &DevicePlan,
+        caps: &Caps,
+        softening: Softening,
+        g: f64,
+    ) -> Result<DeviceForces, GravityError> {
+        self.evaluate(plan, caps, softening, g)
+            .map_err(|e| GravityError::Device(e.to_string()))
+    }
 }

@@ -4,10 +4,10 @@
 //! positions come back each step and the lists go over; otherwise (`compute`, e.g. the
 //! block scheme's sub-steps) positions go up and forces come down.
 
-use super::device::{DeviceState, GpuError, GpuFmm, GpuSeconds};
+use super::device::{DeviceState, GpuError, GpuFmm};
 use crate::fmm::FmmSolver;
 use crate::fmm::caps::Caps;
-use crate::fmm::solver::{DevicePlan, FmmStats};
+use crate::fmm::solver::{DevicePlan, DeviceSeconds, FmmStats};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, ResidentState, check_finite};
 use crate::particles::Particles;
 use std::time::Instant;
@@ -46,13 +46,10 @@ impl GpuSolver {
     fn report(
         plan: &DevicePlan,
         mut stats: FmmStats,
-        s: GpuSeconds,
+        s: DeviceSeconds,
         start: Instant,
     ) -> ForceReport {
-        stats.seconds.upward += s.upload + s.upward;
-        stats.seconds.m2l += s.m2l;
-        stats.seconds.downward += s.downward;
-        stats.seconds.p2p += s.p2p + s.download;
+        s.add_to(&mut stats);
         stats.p2p_interactions = plan.p2p_interactions();
         ForceReport {
             pair_interactions: stats.p2p_interactions,
