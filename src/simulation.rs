@@ -214,14 +214,13 @@ pub fn component_softening(spec: &RunSpec) -> Option<[f64; 4]> {
     }
 }
 
-/// Where `spec`'s force passes run on `ranks` ranks (`gravity.backend`, design §7): `auto`
-/// takes GPU 0 for a run the GPU backend can do, else the CPU; `cuda` insists.
-pub fn choose_backend(spec: &RunSpec, ranks: usize) -> Result<Chosen, RunError> {
+/// Where `spec`'s force passes run (`gravity.backend`, design §7): `auto` takes the GPUs
+/// for a run the GPU backend can do, else the CPU; `cuda` insists. `thread_ranks` ranks of
+/// this process need one GPU each (MPI ranks: rank r takes GPU r modulo the node's count).
+pub fn choose_backend(spec: &RunSpec, thread_ranks: usize) -> Result<Chosen, RunError> {
     let g = &spec.config.gravity;
     let unsupported = if g.solver != SolverKind::Fmm {
         Some("runs the FMM only")
-    } else if ranks > 1 {
-        Some("runs on one rank so far (several GPUs are not built yet)")
     } else if component_softening(spec).is_some() {
         Some("needs one softening length for every particle")
     } else if g.near_field == NearFieldPrecision::Double {
@@ -229,7 +228,7 @@ pub fn choose_backend(spec: &RunSpec, ranks: usize) -> Result<Chosen, RunError> 
     } else {
         None
     };
-    choose(g.backend, unsupported, probe).map_err(|e| {
+    choose(g.backend, unsupported, thread_ranks, probe).map_err(|e| {
         RunError::State(format!(
             "{}: gravity.backend: {e}",
             spec.source.path.display()
@@ -282,7 +281,7 @@ pub fn make_solver<C: Communicator + 'static>(
                 .clone()
                 .unwrap_or_else(|| config.output_dir.join("caps_presets.json"));
             if let Chosen::Cuda(device) = backend {
-                return gpu_solver(settings, PresetsStore::new(presets), device);
+                return gpu_solver(comm, settings, PresetsStore::new(presets), device);
             }
             Box::new(
                 DistributedFmm::new(
@@ -296,25 +295,39 @@ pub fn make_solver<C: Communicator + 'static>(
     })
 }
 
-/// The FMM with its passes on `device`.
+/// The FMM with its passes on GPU `rank mod devices` of `device`'s machine: on one rank
+/// with the particles resident there (`GpuSolver`); on several, the distributed FMM with its
+/// passes on each rank's GPU (tree, lists and exchange on the host).
 #[cfg(feature = "cuda")]
-fn gpu_solver(
+fn gpu_solver<C: Communicator + 'static>(
+    comm: C,
     settings: FmmSettings,
     presets: PresetsStore,
     device: &DeviceInfo,
 ) -> Result<Box<dyn GravitySolver>, RunError> {
-    let gpu =
-        crate::gpu::device::GpuFmm::open(device.ordinal, crate::gpu::kernel_cache().as_deref())
-            .map_err(|e| RunError::Gravity(GravityError::Device(e.to_string())))?;
-    Ok(Box::new(crate::gpu::solver::GpuSolver::new(
-        FmmSolver::new(settings, Some(presets)),
-        gpu,
-    )))
+    let ordinal = comm.rank() % device.devices.max(1);
+    let gpu = crate::gpu::device::GpuFmm::open(ordinal, crate::gpu::kernel_cache().as_deref())
+        .map_err(|e| RunError::Gravity(GravityError::Device(e.to_string())))?;
+    if comm.size() == 1 {
+        return Ok(Box::new(crate::gpu::solver::GpuSolver::new(
+            FmmSolver::new(settings, Some(presets)),
+            gpu,
+        )));
+    }
+    Ok(Box::new(
+        DistributedFmm::new(
+            comm,
+            FmmSolver::new(settings, None).with_backend("cuda"),
+            Some(presets),
+        )
+        .with_device(Box::new(gpu)),
+    ))
 }
 
 /// Without the `cuda` feature no device is ever chosen.
 #[cfg(not(feature = "cuda"))]
-fn gpu_solver(
+fn gpu_solver<C: Communicator + 'static>(
+    _comm: C,
     _settings: FmmSettings,
     _presets: PresetsStore,
     _device: &DeviceInfo,
@@ -406,7 +419,7 @@ pub fn run_with<C: Communicator + Clone + 'static>(
     comm: C,
 ) -> Result<RunOutcome, RunError> {
     let signals = SignalGuard::install()?;
-    let backend = choose_backend(spec, comm.size())?;
+    let backend = choose_backend(spec, 1)?;
     let solver = make_solver(spec, comm.clone(), &backend)?;
     run_rank(spec, options, &comm, solver, &backend, &signals)
 }

@@ -16,6 +16,8 @@ pub struct DeviceInfo {
     pub arch: String,
     /// Device memory in bytes.
     pub memory_bytes: usize,
+    /// GPUs on this machine (rank r of a run uses GPU r modulo this).
+    pub devices: usize,
 }
 
 /// The backend chosen for a run.
@@ -33,11 +35,15 @@ impl Chosen {
         match self {
             Chosen::Cpu(why) => format!("backend: cpu ({why})"),
             Chosen::Cuda(d) => format!(
-                "backend: cuda on GPU {}, {} ({}, {:.1} GiB)",
+                "backend: cuda on GPU {}, {} ({}, {:.1} GiB){}",
                 d.ordinal,
                 d.name,
                 d.arch,
-                d.memory_bytes as f64 / f64::from(1u32 << 30)
+                d.memory_bytes as f64 / f64::from(1u32 << 30),
+                match d.devices {
+                    1 => String::new(),
+                    k => format!("; {k} GPUs here, rank r on GPU r mod {k}"),
+                }
             ),
         }
     }
@@ -56,12 +62,26 @@ pub fn probe() -> Result<DeviceInfo, String> {
 }
 
 /// Resolves `requested`; `unsupported` says why the GPU backend cannot do this run (e.g.
-/// several ranks), `None` when it can. `device` finds the device (`probe`).
+/// per-particle softening), `None` when it can. `device` finds the device (`probe`);
+/// `thread_ranks` ranks of this process need one GPU each.
 pub fn choose(
     requested: Backend,
     unsupported: Option<&str>,
+    thread_ranks: usize,
     device: impl FnOnce() -> Result<DeviceInfo, String>,
 ) -> Result<Chosen, String> {
+    let device = || {
+        device().and_then(|d| {
+            if d.devices < thread_ranks {
+                Err(format!(
+                    "{thread_ranks} ranks need one GPU each and this machine has {}",
+                    d.devices
+                ))
+            } else {
+                Ok(d)
+            }
+        })
+    };
     match requested {
         Backend::Cpu => Ok(Chosen::Cpu("requested".into())),
         Backend::Auto => Ok(match unsupported {
@@ -92,6 +112,7 @@ mod tests {
             name: "NVIDIA H200".into(),
             arch: "sm_90".into(),
             memory_bytes: 150 << 30,
+            devices: 2,
         })
     }
 
@@ -101,38 +122,52 @@ mod tests {
 
     #[test]
     fn auto_takes_the_gpu_when_there_is_one_and_the_run_fits() {
-        let c = choose(Backend::Auto, None, h200).unwrap();
+        let c = choose(Backend::Auto, None, 1, h200).unwrap();
         assert_eq!(
             c.describe(),
-            "backend: cuda on GPU 0, NVIDIA H200 (sm_90, 150.0 GiB)"
+            "backend: cuda on GPU 0, NVIDIA H200 (sm_90, 150.0 GiB); 2 GPUs here, rank r on GPU r mod 2"
         );
-        let c = choose(Backend::Auto, None, none).unwrap();
+        assert!(matches!(
+            choose(Backend::Auto, None, 2, h200),
+            Ok(Chosen::Cuda(_))
+        ));
+        let c = choose(Backend::Auto, None, 3, h200).unwrap();
+        assert_eq!(
+            c.describe(),
+            "backend: cpu (auto: 3 ranks need one GPU each and this machine has 2)"
+        );
+        let c = choose(Backend::Auto, None, 1, none).unwrap();
         assert_eq!(
             c.describe(),
             "backend: cpu (auto: no CUDA driver (libcuda.so.1) on this machine)"
         );
-        let c = choose(Backend::Auto, Some("runs on one rank only"), h200).unwrap();
+        let c = choose(Backend::Auto, Some("runs the FMM only"), 1, h200).unwrap();
         assert_eq!(
             c.describe(),
-            "backend: cpu (auto: the GPU backend runs on one rank only)"
+            "backend: cpu (auto: the GPU backend runs the FMM only)"
         );
         assert_eq!(
-            choose(Backend::Cpu, None, h200).unwrap(),
+            choose(Backend::Cpu, None, 1, h200).unwrap(),
             Chosen::Cpu("requested".into())
         );
     }
 
     #[test]
     fn cuda_without_a_device_or_for_an_unsupported_run_is_an_error() {
-        let e = choose(Backend::Cuda, None, none).unwrap_err();
+        let e = choose(Backend::Cuda, None, 1, none).unwrap_err();
         assert_eq!(
             e,
             "backend \"cuda\": no CUDA driver (libcuda.so.1) on this machine; use \"auto\" or \"cpu\""
         );
-        let e = choose(Backend::Cuda, Some("runs on one rank only"), h200).unwrap_err();
-        assert!(e.contains("runs on one rank only"), "{e}");
+        let e = choose(Backend::Cuda, Some("runs the FMM only"), 1, h200).unwrap_err();
+        assert!(e.contains("runs the FMM only"), "{e}");
+        let e = choose(Backend::Cuda, None, 4, h200).unwrap_err();
+        assert_eq!(
+            e,
+            "backend \"cuda\": 4 ranks need one GPU each and this machine has 2; use \"auto\" or \"cpu\""
+        );
         assert!(matches!(
-            choose(Backend::Cuda, None, h200),
+            choose(Backend::Cuda, None, 1, h200),
             Ok(Chosen::Cuda(_))
         ));
     }

@@ -264,7 +264,8 @@ pub fn probe(ordinal: usize) -> Result<super::backend::DeviceInfo, GpuError> {
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(GpuError::NoDriver);
     }
-    if CudaContext::device_count()? <= ordinal as i32 {
+    let devices = CudaContext::device_count()?;
+    if devices <= ordinal as i32 {
         return Err(GpuError::NoDevice);
     }
     let ctx = CudaContext::new(ordinal)?;
@@ -274,6 +275,7 @@ pub fn probe(ordinal: usize) -> Result<super::backend::DeviceInfo, GpuError> {
         name: ctx.name()?,
         arch: format!("sm_{major}{minor}"),
         memory_bytes: ctx.total_mem()?,
+        devices: devices as usize,
     })
 }
 
