@@ -190,7 +190,7 @@ fn block_steps_make_a_third_of_the_force_evaluations_on_a_cuspy_sphere() {
 }
 
 #[test]
-#[ignore = "issue 8 target not met: block |dE/E| 6.4e-6 vs 1.0e-6 for the global run at the smallest rung's step (the coarse rungs' error dominates); see docs/benchmarks.md"]
+#[ignore = "issue 8 target not met: block |dE/E| 6.4e-6 vs 1.0e-6 for the global run at the smallest rung's step (the bulk of the particles sits 2-3 rungs above the shortest); see docs/benchmarks.md"]
 fn block_steps_conserve_energy_like_the_global_scheme_at_the_smallest_step() {
     let dir = tempfile::tempdir().unwrap();
     let (block_de, global_de, _, _) = block_against_global(dir.path());
