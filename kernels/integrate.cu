@@ -1,7 +1,7 @@
 // The leapfrog's kick and drift on device-resident state, and what the step loop needs
 // around the force passes (f64, one thread per particle): the gather of positions and
-// masses into tree order, the scatter of the forces back, and the per-block maxima of
-// |a| for the time step criterion.
+// masses into tree order, the scatter of the forces back, the per-block maxima of |a| for
+// the time step criterion, and the conserved sums of the diagnostics.
 //
 // Kick and drift round each product and sum separately (__dmul_rn, __dadd_rn: no fused
 // multiply-add), so that the device integrates with exactly the host's bits.
@@ -83,4 +83,50 @@ extern "C" __global__ void max_acceleration_blocks(const double* __restrict__ ac
     if (t == 0) {
         for (int c = 0; c < 4; ++c) block_max[4 * blockIdx.x + c] = best[c];
     }
+}
+
+// Particles per chunk of the conserved sums (src/sum.rs: CHUNK) and values per particle
+// (src/integrate/diagnostics.rs: CONSERVED_SUMS).
+#define SUM_CHUNK 4096
+#define CONSERVED_SUMS 12
+
+// partial[12 c + k]: sum k of chunk c (particles c SUM_CHUNK .. (c + 1) SUM_CHUNK) of the
+// conserved quantities, written term by term and summed in order exactly as
+// Conserved::sums and sum_indexed do on the host (no fused multiply-add), one thread per
+// chunk: the host adds the chunks in order and has the host's bits.
+extern "C" __global__ void conserved_chunks(const double* __restrict__ pos,
+                                            const double* __restrict__ vel,
+                                            const double* __restrict__ mass,
+                                            const double* __restrict__ pot, unsigned n,
+                                            double* __restrict__ partial) {
+    const unsigned c = blockIdx.x * blockDim.x + threadIdx.x;
+    const unsigned lo = c * SUM_CHUNK;
+    if (lo >= n) return;
+    const unsigned hi = min(lo + SUM_CHUNK, n);
+    double acc[CONSERVED_SUMS];
+    for (int k = 0; k < CONSERVED_SUMS; ++k) acc[k] = 0.0;
+    for (unsigned i = lo; i < hi; ++i) {
+        const double m = mass[i];
+        const double x0 = pos[3 * i], x1 = pos[3 * i + 1], x2 = pos[3 * i + 2];
+        const double v0 = vel[3 * i], v1 = vel[3 * i + 1], v2 = vel[3 * i + 2];
+        const double vv = __dadd_rn(__dadd_rn(__dmul_rn(v0, v0), __dmul_rn(v1, v1)),
+                                    __dmul_rn(v2, v2));
+        const double half_m = __dmul_rn(0.5, m);
+        const double term[CONSERVED_SUMS] = {
+            __dmul_rn(half_m, vv),
+            __dmul_rn(half_m, pot[i]),
+            __dmul_rn(m, v0),
+            __dmul_rn(m, v1),
+            __dmul_rn(m, v2),
+            __dmul_rn(m, __dsub_rn(__dmul_rn(x1, v2), __dmul_rn(x2, v1))),
+            __dmul_rn(m, __dsub_rn(__dmul_rn(x2, v0), __dmul_rn(x0, v2))),
+            __dmul_rn(m, __dsub_rn(__dmul_rn(x0, v1), __dmul_rn(x1, v0))),
+            __dmul_rn(m, x0),
+            __dmul_rn(m, x1),
+            __dmul_rn(m, x2),
+            m,
+        };
+        for (int k = 0; k < CONSERVED_SUMS; ++k) acc[k] = __dadd_rn(acc[k], term[k]);
+    }
+    for (int k = 0; k < CONSERVED_SUMS; ++k) partial[CONSERVED_SUMS * c + k] = acc[k];
 }

@@ -7,8 +7,9 @@
 #   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; OUT=/tmp/gpu-check)
 # The host still builds the tree and the lists (CPU); the GPU line times the device passes.
 # Last, a run of ~100 adaptive steps on the Milky Way model with backend = cuda (particles
-# resident on the device: kick, drift, time step criterion and force passes there) and the
-# same run on the CPU: compare the conservation columns of their diagnostics.csv.
+# resident on the device: kick, drift, time step criterion, diagnostics sums and force
+# passes there) and the same run on the CPU: compare the conservation columns of their
+# diagnostics.csv.
 set -uo pipefail
 # scripts/gpu-kit.sh's bundle (binary and the shared libraries that machine lacks), if carried.
 if [ -x .gpu-kit/leapfmm ]; then

@@ -744,9 +744,14 @@ impl<'a> Simulation<'a> {
         Ok(())
     }
 
-    /// The conserved quantities of all ranks' particles.
-    fn conserved(&self) -> Result<Conserved, RunError> {
-        let sums = allreduce_sum(self.comm, &Conserved::sums(&self.particles))?;
+    /// The conserved quantities of all ranks' particles (summed where they are).
+    fn conserved(&mut self) -> Result<Conserved, RunError> {
+        let on_device = self.on_device();
+        let mine = match self.solver.resident().filter(|_| on_device) {
+            Some(device) => device.conserved_sums()?,
+            None => Conserved::sums(&self.particles),
+        };
+        let sums = allreduce_sum(self.comm, &mine)?;
         let mut all = [0.0; CONSERVED_SUMS];
         all.copy_from_slice(&sums);
         Ok(Conserved::from_sums(&all))
@@ -1063,7 +1068,6 @@ impl<'a> Simulation<'a> {
     /// per solver figure the largest over ranks (every rank's in `ranks.csv`).
     fn write_diagnostics(&mut self) -> Result<(), RunError> {
         let start = Instant::now();
-        self.sync_host()?;
         let conserved = self.conserved()?;
         self.wall.diagnostics += start.elapsed().as_secs_f64();
         let interactions = allreduce_sum(self.comm, &[self.interactions])?[0];
@@ -1447,6 +1451,10 @@ mod tests {
 
         fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], GravityError> {
             Ok(max_acceleration_by_component(&self.device))
+        }
+
+        fn conserved_sums(&mut self) -> Result<[f64; CONSERVED_SUMS], GravityError> {
+            Ok(Conserved::sums(&self.device))
         }
 
         fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError> {

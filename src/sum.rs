@@ -7,8 +7,9 @@
 
 use rayon::prelude::*;
 
-/// Chunk length of the fixed reduction tree.
-const CHUNK: usize = 4096;
+/// Chunk length of the fixed reduction tree (the device's conserved sums use the same:
+/// SUM_CHUNK in kernels/integrate.cu).
+pub const CHUNK: usize = 4096;
 
 /// Sums `f(i)` for `i in 0..n` into an array of `K` accumulators, deterministically.
 pub fn sum_indexed<const K: usize, F>(n: usize, f: F) -> [f64; K]

@@ -254,6 +254,46 @@ fn tree_order_gather_force_scatter_and_acceleration_maxima_match_the_host() {
     assert_eq!(host[2], 0.0);
 }
 
+#[test]
+fn conserved_sums_on_the_device_have_the_hosts_bits() {
+    // 10 000 particles: two whole chunks of 4096 and a partial one; two threads per block,
+    // so the last block has a thread without a chunk.
+    use leapfmm::integrate::diagnostics::Conserved;
+    use leapfmm::particles::{Component, Particles};
+    let n = 10_000usize;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(29);
+    let mut p = Particles::with_capacity(n);
+    for i in 0..n {
+        let mut r = || rng.random_range(-10.0..10.0);
+        p.push(
+            [r(), r(), r()],
+            [r(), r(), r()],
+            1e-4 * (1.0 + r().abs()),
+            i as u64,
+            Component::Halo,
+        );
+    }
+    p.pot = (0..n).map(|_| rng.random_range(-5.0..-1.0)).collect();
+    let mut b = Vec::new();
+    u32_bytes(&mut b, &[n as u32, 2]);
+    f64_bytes(&mut b, p.pos.iter().flatten().copied());
+    f64_bytes(&mut b, p.vel.iter().flatten().copied());
+    f64_bytes(&mut b, p.mass.iter().copied());
+    f64_bytes(&mut b, p.pot.iter().copied());
+    let partial = f64s(&run_harness("conserved", &b));
+    assert_eq!(partial.len(), 12 * n.div_ceil(leapfmm::sum::CHUNK));
+    let mut device = [0.0f64; 12];
+    for chunk in partial.chunks_exact(12) {
+        for k in 0..12 {
+            device[k] += chunk[k];
+        }
+    }
+    let host = Conserved::sums(&p);
+    for k in 0..12 {
+        assert_eq!(device[k].to_bits(), host[k].to_bits(), "sum {k}");
+    }
+}
+
 fn u32_bytes(b: &mut Vec<u8>, v: &[u32]) {
     v.iter().for_each(|x| b.extend(x.to_le_bytes()));
 }

@@ -29,6 +29,7 @@ fn kernels_compile_with_nvrtc_and_the_ptx_cache_is_reused() {
         "gather_tree_order",
         "scatter_forces",
         "max_acceleration_blocks",
+        "conserved_chunks",
         "p2m_leaves",
         "m2l_cells",
         "l2p_particles",

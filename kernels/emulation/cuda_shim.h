@@ -41,6 +41,7 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 // Round-to-nearest product and sum, never fused (x86-64 without FMA flags never fuses).
 inline double __dmul_rn(double a, double b) { return a * b; }
 inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
 using std::max;
 using std::min;
 

@@ -5,6 +5,7 @@
 //   harness state IN OUT      IN: n, block, order_of, pos, mass, acc (tree order), pot (tree order),
 //                             component bytes; OUT: gathered pos and mass, scattered acc and pot,
 //                             per-block maxima of |a|^2 by component (of the scattered acc)
+//   harness conserved IN OUT  IN: n, block, pos, vel, mass, pot; OUT: the per-chunk conserved sums
 //   harness p2m IN OUT        IN: n, leaves, p, block, pos, mass, leaf ranges and centres; OUT: multipoles
 //   harness l2p IN OUT        IN: n, leaves, p, block, g, pos, leaf_of, centres, locals; OUT: acc, pot
 //   harness m2m IN OUT        IN: cells, parents, p, block, centres, first_child, child_count,
@@ -128,6 +129,16 @@ int main(int argc, char** argv) {
         put(out, acc);
         put(out, pot);
         put(out, block_max);
+    } else if (mode == "conserved") {
+        auto n = in.one<uint32_t>(), block = in.one<uint32_t>();
+        auto pos = in.many<double>(3 * n), vel = in.many<double>(3 * n);
+        auto mass = in.many<double>(n), pot = in.many<double>(n);
+        unsigned chunks = (n + SUM_CHUNK - 1) / SUM_CHUNK;
+        std::vector<double> partial(CONSERVED_SUMS * chunks);
+        launch((chunks + block - 1) / block, block, conserved_chunks, (const double*)pos.data(),
+               (const double*)vel.data(), (const double*)mass.data(), (const double*)pot.data(),
+               (unsigned)n, partial.data());
+        put(out, partial);
     } else if (mode == "p2m") {
         auto n = in.one<uint32_t>(), leaves = in.one<uint32_t>(), p = in.one<uint32_t>();
         auto block = in.one<uint32_t>();

@@ -16,6 +16,7 @@ use crate::fmm::caps::Caps;
 use crate::fmm::solver::{DeviceForces, DevicePasses, DevicePlan, DeviceSeconds};
 use crate::gravity::GravityError;
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
+use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, DriverError, LaunchConfig,
@@ -77,6 +78,7 @@ struct Kernels {
     gather: CudaFunction,
     scatter: CudaFunction,
     max_acc: CudaFunction,
+    conserved: CudaFunction,
 }
 
 /// A run's particle state on the device (design §7), in the run's particle order: what the
@@ -90,6 +92,7 @@ pub struct DeviceState {
     acc: CudaSlice<f64>,
     pot: CudaSlice<f64>,
     block_max: CudaSlice<f64>,
+    partial: CudaSlice<f64>,
     component: CudaSlice<u8>,
 }
 
@@ -312,6 +315,7 @@ impl GpuFmm {
             gather: function("integrate.cu", "gather_tree_order")?,
             scatter: function("integrate.cu", "scatter_forces")?,
             max_acc: function("integrate.cu", "max_acceleration_blocks")?,
+            conserved: function("integrate.cu", "conserved_chunks")?,
         };
         Ok(GpuFmm {
             stream: ctx.default_stream(),
@@ -412,7 +416,7 @@ impl GpuFmm {
     pub fn load_state(&self, particles: &Particles) -> Result<DeviceState, GpuError> {
         let stream = &self.stream;
         let n = particles.len();
-        let [pos, vel, mass, acc, pot, block_max] = resident_f64_counts(n);
+        let [pos, vel, mass, acc, pot, block_max, partial] = resident_f64_counts(n);
         let upload = |data: Vec<f64>, count: usize| -> Result<CudaSlice<f64>, GpuError> {
             let mut buf = stream.alloc_zeros::<f64>(count.max(1))?;
             if !data.is_empty() {
@@ -437,6 +441,7 @@ impl GpuFmm {
             acc: upload(flat(&particles.acc), acc)?,
             pot: upload(particles.pot.clone(), pot)?,
             block_max: stream.alloc_zeros::<f64>(block_max)?,
+            partial: stream.alloc_zeros::<f64>(partial)?,
             component: component_buf,
         })
     }
@@ -494,6 +499,38 @@ impl GpuFmm {
             }
         }
         Ok(best.map(f64::sqrt))
+    }
+
+    /// The sums behind the diagnostics' conserved quantities (`Conserved::sums`), with the
+    /// host's bits: per chunk on the device, the chunks added in order here.
+    pub fn conserved_sums(
+        &self,
+        state: &mut DeviceState,
+    ) -> Result<[f64; CONSERVED_SUMS], GpuError> {
+        let n32 = state.n as u32;
+        let chunks = state.n.div_ceil(crate::sum::CHUNK);
+        let mut launch = self.stream.launch_builder(&self.kernels.conserved);
+        launch
+            .arg(&state.pos)
+            .arg(&state.vel)
+            .arg(&state.mass)
+            .arg(&state.pot)
+            .arg(&n32)
+            .arg(&mut state.partial);
+        // SAFETY: the arguments match conserved_chunks's signature; partial holds 12 values
+        // per chunk (one thread per chunk).
+        unsafe { launch.launch(grid(chunks)) }?;
+        let partial = self
+            .stream
+            .clone_dtoh(&state.partial.slice(0..CONSERVED_SUMS * chunks))?;
+        self.stream.synchronize()?;
+        let mut total = [0.0; CONSERVED_SUMS];
+        for chunk in partial.chunks_exact(CONSERVED_SUMS) {
+            for (t, &c) in total.iter_mut().zip(chunk) {
+                *t += c;
+            }
+        }
+        Ok(total)
     }
 
     /// Copies the positions of `state` into `pos` (the host's tree build needs them).

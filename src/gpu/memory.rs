@@ -8,13 +8,14 @@
 
 use crate::fmm::caps::Caps;
 use crate::fmm::solver::DevicePlan;
+use crate::integrate::diagnostics::CONSERVED_SUMS;
 
 /// Number of f64 buffers (`DeviceLengths::f64_counts`).
 pub const F64_BUFFERS: usize = 7;
 /// Number of u32 buffers (`DeviceLengths::u32_counts`).
 pub const U32_BUFFERS: usize = 14;
 /// Number of f64 buffers of the resident state (`resident_f64_counts`).
-pub const RESIDENT_BUFFERS: usize = 6;
+pub const RESIDENT_BUFFERS: usize = 7;
 
 /// Threads per block of the per-item kernels (and of P2P, ≤ P2P_MAX_BLOCK in p2p.cu; of
 /// `max_acceleration_blocks`, a power of two ≤ MAX_ACC_BLOCK in integrate.cu).
@@ -22,8 +23,9 @@ pub const THREADS_PER_BLOCK: u32 = 128;
 
 /// Element counts of the resident state of `particles` particles, in the order
 /// `DeviceState` keeps them: positions, velocities, masses, accelerations, potentials (the
-/// run's particle order), and 4 per-component maxima of |a|² per block of the criterion's
-/// reduction. Besides these, one component byte per particle.
+/// run's particle order), 4 per-component maxima of |a|² per block of the criterion's
+/// reduction, and the conserved sums per chunk of the diagnostics (`crate::sum::CHUNK`).
+/// Besides these, one component byte per particle.
 pub fn resident_f64_counts(particles: usize) -> [usize; RESIDENT_BUFFERS] {
     let n = particles;
     [
@@ -33,6 +35,7 @@ pub fn resident_f64_counts(particles: usize) -> [usize; RESIDENT_BUFFERS] {
         3 * n,
         n,
         4 * n.div_ceil(THREADS_PER_BLOCK as usize).max(1),
+        CONSERVED_SUMS * n.div_ceil(crate::sum::CHUNK).max(1),
     ]
 }
 
@@ -143,11 +146,11 @@ mod tests {
         // f64: 30 + 10 + 30 + 10 + 9 + 18 + 18 = 125; u32: 2 * 10 + 7 * 3 + 4 + 4 + 3 + 4 + 5
         // = 61.
         assert_eq!(l.bytes(), 8 * 125 + 4 * 61);
-        // Resident: 30 + 30 + 10 + 30 + 10 + 4 f64 and 10 component bytes.
-        assert_eq!(resident_bytes(10), 8 * 114 + 10);
+        // Resident: 30 + 30 + 10 + 30 + 10 + 4 + 12 f64 and 10 component bytes.
+        assert_eq!(resident_bytes(10), 8 * 126 + 10);
         assert_eq!(
             l.bytes_per_particle(),
-            (8 * 125 + 4 * 61 + 8 * 114 + 10) as f64 / 10.0
+            (8 * 125 + 4 * 61 + 8 * 126 + 10) as f64 / 10.0
         );
     }
 }

@@ -9,6 +9,7 @@ use crate::fmm::FmmSolver;
 use crate::fmm::caps::Caps;
 use crate::fmm::solver::{DevicePlan, DeviceSeconds, FmmStats};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, ResidentState, check_finite};
+use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
 use std::time::Instant;
 
@@ -148,6 +149,11 @@ impl ResidentState for GpuSolver {
         self.device
             .max_acceleration_by_component(state)
             .map_err(device_error)
+    }
+
+    fn conserved_sums(&mut self) -> Result<[f64; CONSERVED_SUMS], GravityError> {
+        let state = self.state.as_mut().ok_or_else(not_loaded)?;
+        self.device.conserved_sums(state).map_err(device_error)
     }
 
     fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError> {

@@ -9,6 +9,7 @@ pub mod pairwise;
 pub mod softening;
 
 use crate::fmm::caps::Caps;
+use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
 use thiserror::Error;
 
@@ -123,7 +124,8 @@ pub trait GravitySolver: Send {
 /// Particles kept on a solver's device for a whole run (design §7): once `load`ed, the
 /// device copy is the state; the integrator kicks and drifts it there, each force
 /// evaluation brings back only the positions (the host builds the tree), and `store`
-/// brings the rest back when the host reads it (diagnostics, snapshots, checkpoints).
+/// brings the rest back when the host reads it (snapshots, checkpoints); the diagnostics'
+/// sums are taken on the device.
 /// Masses and components never change during a run and are not brought back.
 pub trait ResidentState {
     /// Takes positions, velocities, masses, accelerations, potentials and components of
@@ -144,6 +146,10 @@ pub trait ResidentState {
     /// The largest |a| of each component's particles, as
     /// `integrate::leapfrog::max_acceleration_by_component` gives it on the host.
     fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], GravityError>;
+
+    /// The sums behind the diagnostics' conserved quantities, as
+    /// `integrate::diagnostics::Conserved::sums` gives them on the host (same bits).
+    fn conserved_sums(&mut self) -> Result<[f64; CONSERVED_SUMS], GravityError>;
 
     /// Positions, velocities, accelerations and potentials back into `particles`.
     fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError>;
