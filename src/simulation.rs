@@ -475,6 +475,15 @@ struct Simulation<'a> {
     residence: Residence,
 }
 
+/// The leapfrog's two operators.
+#[derive(Debug, Clone, Copy)]
+enum Operator {
+    /// `v += a h`.
+    Kick,
+    /// `x += v h`.
+    Drift,
+}
+
 /// Where a run keeps its particle state between steps (design §7).
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Residence {
@@ -784,28 +793,21 @@ impl<'a> Simulation<'a> {
         Ok(())
     }
 
-    /// `v += a h` for every particle, where the state is.
-    fn kick_all(&mut self, h: f64) -> Result<(), RunError> {
+    /// The leapfrog's `op` with step `h` for every particle, where the state is.
+    fn apply(&mut self, op: Operator, h: f64) -> Result<(), RunError> {
         let on_device = self.on_device();
         match self.solver.resident().filter(|_| on_device) {
             Some(device) => {
-                device.kick(h)?;
+                match op {
+                    Operator::Kick => device.kick(h)?,
+                    Operator::Drift => device.drift(h)?,
+                }
                 self.residence = Residence::Device { host_behind: true };
             }
-            None => kick(&mut self.particles, h),
-        }
-        Ok(())
-    }
-
-    /// `x += v h` for every particle, where the state is.
-    fn drift_all(&mut self, h: f64) -> Result<(), RunError> {
-        let on_device = self.on_device();
-        match self.solver.resident().filter(|_| on_device) {
-            Some(device) => {
-                device.drift(h)?;
-                self.residence = Residence::Device { host_behind: true };
-            }
-            None => drift(&mut self.particles, h),
+            None => match op {
+                Operator::Kick => kick(&mut self.particles, h),
+                Operator::Drift => drift(&mut self.particles, h),
+            },
         }
         Ok(())
     }
@@ -938,12 +940,12 @@ impl<'a> Simulation<'a> {
         };
         let level = self.timeline.choose_level(self.state.ti, wanted)?;
         let dt = self.timeline.level_dt(level);
-        self.kick_all(0.5 * dt)?;
-        self.drift_all(dt)?;
+        self.apply(Operator::Kick, 0.5 * dt)?;
+        self.apply(Operator::Drift, dt)?;
         self.wall.integrate += start.elapsed().as_secs_f64();
         self.compute_forces(None)?;
         let start = Instant::now();
-        self.kick_all(0.5 * dt)?;
+        self.apply(Operator::Kick, 0.5 * dt)?;
         self.state.ti += Timeline::level_ticks(level);
         self.state.step += 1;
         self.state.last_dt = dt;

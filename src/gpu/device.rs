@@ -448,29 +448,32 @@ impl GpuFmm {
 
     /// `v += a dt` on the device.
     pub fn kick(&self, state: &mut DeviceState, dt: f64) -> Result<(), GpuError> {
-        let n32 = state.n as u32;
-        let mut launch = self.stream.launch_builder(&self.kernels.kick);
-        launch
-            .arg(&mut state.vel)
-            .arg(&state.acc)
-            .arg(&dt)
-            .arg(&n32);
-        // SAFETY: the arguments match kick's signature; both buffers hold 3 n values.
-        unsafe { launch.launch(grid(state.n)) }?;
-        Ok(())
+        let kernel = &self.kernels.kick;
+        self.add_scaled(kernel, &mut state.vel, &state.acc, dt, state.n)
     }
 
     /// `x += v dt` on the device.
     pub fn drift(&self, state: &mut DeviceState, dt: f64) -> Result<(), GpuError> {
-        let n32 = state.n as u32;
-        let mut launch = self.stream.launch_builder(&self.kernels.drift);
-        launch
-            .arg(&mut state.pos)
-            .arg(&state.vel)
-            .arg(&dt)
-            .arg(&n32);
-        // SAFETY: as above, for drift.
-        unsafe { launch.launch(grid(state.n)) }?;
+        let kernel = &self.kernels.drift;
+        self.add_scaled(kernel, &mut state.pos, &state.vel, dt, state.n)
+    }
+
+    /// `out += by dt` for `n` particles' 3-vectors with `kernel` (kick or drift, which
+    /// share a signature).
+    fn add_scaled(
+        &self,
+        kernel: &CudaFunction,
+        out: &mut CudaSlice<f64>,
+        by: &CudaSlice<f64>,
+        dt: f64,
+        n: usize,
+    ) -> Result<(), GpuError> {
+        let n32 = n as u32;
+        let mut launch = self.stream.launch_builder(kernel);
+        launch.arg(out).arg(by).arg(&dt).arg(&n32);
+        // SAFETY: the arguments match kick's and drift's signature; both buffers hold 3 n
+        // values.
+        unsafe { launch.launch(grid(n)) }?;
         Ok(())
     }
 
