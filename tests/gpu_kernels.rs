@@ -574,13 +574,22 @@ fn fmm_input(plan: &leapfmm::fmm::solver::DevicePlan, softening: Softening, g: f
     b
 }
 
-#[test]
-fn the_kernels_in_sequence_give_the_cpu_fmm_forces() {
+/// A clumpy cloud of 4000 particles (a dense core and a diffuse envelope, so the tree has
+/// several levels, leaves at different depths and real M2L work), the FMM settings of the
+/// device tests, and the CPU FMM's forces on it.
+struct Cloud {
+    pos: Vec<[f64; 3]>,
+    mass: Vec<f64>,
+    id: Vec<u64>,
+    settings: leapfmm::fmm::solver::FmmSettings,
+    acc: Vec<[f64; 3]>,
+    pot: Vec<f64>,
+}
+
+fn clumpy_cloud() -> Cloud {
     use leapfmm::fmm::caps::CapsPolicy;
     use leapfmm::fmm::p2p::NearFieldPrecision;
     use leapfmm::fmm::solver::{FmmSettings, FmmSolver};
-    // A clumpy cloud: a dense core and a diffuse envelope, so the tree has several levels,
-    // leaves at different depths and real M2L work.
     let n = 4000;
     let mut rng = rand_pcg::Pcg64::seed_from_u64(17);
     let pos: Vec<[f64; 3]> = (0..n)
@@ -593,28 +602,114 @@ fn the_kernels_in_sequence_give_the_cpu_fmm_forces() {
         .map(|_| rng.random_range(0.5..1.5) / n as f64)
         .collect();
     let id: Vec<u64> = (0..n as u64).collect();
-    let softening = Softening {
-        kernel: SofteningKernel::Spline,
-        epsilon: 0.01,
-    };
-    let g = 1.7;
     let settings = FmmSettings {
         order: 5,
         theta: 0.6,
         leaf_size: 48,
-        softening,
-        g,
+        softening: Softening {
+            kernel: SofteningKernel::Spline,
+            epsilon: 0.01,
+        },
+        g: 1.7,
         near_field: NearFieldPrecision::Mixed,
         caps_policy: CapsPolicy::default(),
     };
-    let mut solver = FmmSolver::new(settings.clone(), None);
     let (mut acc, mut pot) = (vec![[0.0; 3]; n], vec![0.0; n]);
-    let stats = solver
+    FmmSolver::new(settings.clone(), None)
         .evaluate(&pos, &mass, &id, &mut acc, &mut pot)
         .unwrap();
+    Cloud {
+        pos,
+        mass,
+        id,
+        settings,
+        acc,
+        pot,
+    }
+}
+
+/// The largest relative difference of the device's forces `out` (harness output, tree order
+/// of `plan`) from the CPU's, over the particles `counted` flags (caller's order).
+fn worst_difference(
+    plan: &leapfmm::fmm::solver::DevicePlan,
+    out: &[f64],
+    cloud: &Cloud,
+    counted: impl Fn(usize) -> bool,
+) -> f64 {
+    let n = plan.own_particles;
+    let (dev_acc, dev_pot) = out.split_at(3 * n);
+    let mut worst: f64 = 0.0;
+    for (sorted, &orig) in plan.order_of.iter().enumerate() {
+        let i = orig as usize;
+        if !counted(i) {
+            continue;
+        }
+        let a = cloud.acc[i];
+        let norm = (a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt();
+        let d = (0..3)
+            .map(|k| (dev_acc[3 * sorted + k] - a[k]).powi(2))
+            .sum::<f64>()
+            .sqrt();
+        worst = worst
+            .max(d / norm)
+            .max(((dev_pot[sorted] - cloud.pot[i]) / cloud.pot[i]).abs());
+    }
+    worst
+}
+
+#[test]
+fn active_particles_lists_cut_the_device_work_and_keep_their_forces() {
+    // The block scheme's sub-steps on the GPU: a plan with lists only for the cells holding
+    // active particles (a corner of the cloud) gives those particles the full evaluation's
+    // forces with a fraction of the pair work.
+    use leapfmm::fmm::solver::{Evaluation, FmmSolver};
+    let cloud = clumpy_cloud();
+    let active: Vec<bool> = cloud.pos.iter().map(|x| x[0] > 0.2 && x[1] > 0.2).collect();
+    let count = active.iter().filter(|&&a| a).count();
+    let (full, _) = FmmSolver::new(cloud.settings.clone(), None)
+        .plan(&cloud.pos, &cloud.mass, &cloud.id)
+        .unwrap();
+    let with = Evaluation {
+        active: Some(&active),
+        ..Evaluation::default()
+    };
+    let (plan, _) = FmmSolver::new(cloud.settings.clone(), None)
+        .plan_with(&cloud.pos, &cloud.mass, &cloud.id, with)
+        .unwrap();
+    let s = &cloud.settings;
+    let out = f64s(&run_harness("fmm", &fmm_input(&plan, s.softening, s.g)));
+    let worst = worst_difference(&plan, &out, &cloud, |i| active[i]);
+    let (pairs, all_pairs) = (plan.p2p_interactions(), full.p2p_interactions());
+    eprintln!(
+        "{count} of {} active: {pairs} of {all_pairs} pair interactions, {} of {} M2L; worst relative difference {worst:.2e}",
+        cloud.pos.len(),
+        plan.m2l_list.len(),
+        full.m2l_list.len()
+    );
+    assert!(count > 100 && count < cloud.pos.len() / 4, "{count} active");
+    assert!(worst < 1e-5, "{worst:.2e}");
+    assert!(2 * pairs < all_pairs, "{pairs} of {all_pairs}");
+    assert!(2 * plan.m2l_list.len() < full.m2l_list.len());
+}
+
+#[test]
+fn the_kernels_in_sequence_give_the_cpu_fmm_forces() {
+    use leapfmm::fmm::solver::FmmSolver;
+    let cloud = clumpy_cloud();
+    let Cloud {
+        pos,
+        mass,
+        id,
+        settings,
+        ..
+    } = &cloud;
+    let (softening, g, n) = (settings.softening, settings.g, pos.len());
+    let mut solver = FmmSolver::new(settings.clone(), None);
+    let (mut acc, mut pot) = (vec![[0.0; 3]; n], vec![0.0; n]);
+    let stats = solver.evaluate(pos, mass, id, &mut acc, &mut pot).unwrap();
     // The GPU solver's plan (tree and lists without the host passes) is the evaluation's.
-    let (plan, _) = FmmSolver::new(settings, None)
-        .plan(&pos, &mass, &id)
+    let (plan, _) = FmmSolver::new(settings.clone(), None)
+        .plan(pos, mass, id)
         .unwrap();
     let evaluated = solver.device_plan().expect("a single-rank plan");
     assert_eq!(plan.pos, evaluated.pos);
@@ -630,19 +725,7 @@ fn the_kernels_in_sequence_give_the_cpu_fmm_forces() {
     );
     assert!(plan.level_start.len() > 4);
     let out = f64s(&run_harness("fmm", &fmm_input(&plan, softening, g)));
-    let (dev_acc, dev_pot) = out.split_at(3 * n);
-    let mut worst: f64 = 0.0;
-    for (sorted, &orig) in plan.order_of.iter().enumerate() {
-        let a = acc[orig as usize];
-        let norm = (a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt();
-        let d = (0..3)
-            .map(|k| (dev_acc[3 * sorted + k] - a[k]).powi(2))
-            .sum::<f64>()
-            .sqrt();
-        worst = worst
-            .max(d / norm)
-            .max(((dev_pot[sorted] - pot[orig as usize]) / pot[orig as usize]).abs());
-    }
+    let worst = worst_difference(&plan, &out, &cloud, |_| true);
     eprintln!("device passes vs CPU FMM: worst relative difference {worst:.2e} over {n} particles");
     assert!(
         worst < 1e-5,

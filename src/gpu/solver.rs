@@ -1,13 +1,14 @@
 //! The GPU force solver of a run: the host builds the tree and the lists each step
 //! (`FmmSolver::plan`), the device runs the passes (`GpuFmm`). Design §7's pipeline: with
 //! the particles resident on the device (`ResidentState`, the global scheme), only the
-//! positions come back each step and the lists go over; otherwise (`compute`, e.g. the
-//! block scheme's sub-steps) positions go up and forces come down.
+//! positions come back each step and the lists go over; otherwise (`compute`, and the
+//! block scheme's sub-steps with lists for the active particles' cells only) positions go
+//! up and forces come down.
 
 use super::device::{DeviceState, GpuError, GpuFmm};
 use crate::fmm::FmmSolver;
 use crate::fmm::caps::Caps;
-use crate::fmm::solver::{DevicePlan, DeviceSeconds, FmmStats};
+use crate::fmm::solver::{DevicePlan, DeviceSeconds, Evaluation, FmmStats};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, ResidentState, check_finite};
 use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
@@ -36,11 +37,51 @@ impl GpuSolver {
         }
     }
 
-    /// The host's tree and lists for `particles` (positions as they are now).
-    fn plan(&mut self, particles: &Particles) -> Result<(DevicePlan, FmmStats), GravityError> {
+    /// The host's tree and lists for `particles` (positions as they are now), the lists
+    /// only for the cells holding `active` particles when given.
+    fn plan(
+        &mut self,
+        particles: &Particles,
+        active: Option<&[bool]>,
+    ) -> Result<(DevicePlan, FmmStats), GravityError> {
         check_finite(particles)?;
+        let with = Evaluation {
+            active,
+            ..Evaluation::default()
+        };
         self.host
-            .plan(&particles.pos, &particles.mass, &particles.id)
+            .plan_with(&particles.pos, &particles.mass, &particles.id, with)
+    }
+
+    /// Forces for every particle, or for those flagged in `active`, with positions going up
+    /// and forces coming down (the particles stay on the host).
+    fn compute_some(
+        &mut self,
+        particles: &mut Particles,
+        active: Option<&[bool]>,
+    ) -> Result<ForceReport, GravityError> {
+        let start = Instant::now();
+        let n = particles.len();
+        particles.acc.resize(n, [0.0; 3]);
+        particles.pot.resize(n, 0.0);
+        if n == 0 {
+            return Ok(no_work());
+        }
+        let (plan, stats) = self.plan(particles, active)?;
+        let settings = self.host.settings();
+        let caps = self.host.caps().unwrap_or_default();
+        let out = self
+            .device
+            .evaluate(&plan, &caps, settings.softening, settings.g)
+            .map_err(device_error)?;
+        for (sorted, &orig) in plan.order_of.iter().enumerate() {
+            let i = orig as usize;
+            if active.is_none_or(|a| a[i]) {
+                particles.acc[i] = out.acc[sorted];
+                particles.pot[i] = out.pot[sorted];
+            }
+        }
+        Ok(Self::report(&plan, stats, out.seconds, start))
     }
 
     /// The report of an evaluation of `plan` whose device phases took `s`.
@@ -66,25 +107,17 @@ impl GravitySolver for GpuSolver {
     }
 
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
-        let start = Instant::now();
-        let n = particles.len();
-        particles.acc.resize(n, [0.0; 3]);
-        particles.pot.resize(n, 0.0);
-        if n == 0 {
-            return Ok(no_work());
-        }
-        let (plan, stats) = self.plan(particles)?;
-        let settings = self.host.settings();
-        let caps = self.host.caps().unwrap_or_default();
-        let out = self
-            .device
-            .evaluate(&plan, &caps, settings.softening, settings.g)
-            .map_err(device_error)?;
-        for (sorted, &orig) in plan.order_of.iter().enumerate() {
-            particles.acc[orig as usize] = out.acc[sorted];
-            particles.pot[orig as usize] = out.pot[sorted];
-        }
-        Ok(Self::report(&plan, stats, out.seconds, start))
+        self.compute_some(particles, None)
+    }
+
+    /// The block scheme's sub-steps: the lists, and so the device's M2L and P2P work, only
+    /// for the cells holding active particles.
+    fn compute_active(
+        &mut self,
+        particles: &mut Particles,
+        active: &[bool],
+    ) -> Result<ForceReport, GravityError> {
+        self.compute_some(particles, Some(active))
     }
 
     fn stat_names(&self) -> Vec<&'static str> {
@@ -133,7 +166,7 @@ impl ResidentState for GpuSolver {
         self.device
             .positions(state, &mut particles.pos)
             .map_err(device_error)?;
-        let (plan, stats) = self.plan(particles)?;
+        let (plan, stats) = self.plan(particles, None)?;
         let settings = self.host.settings();
         let caps = self.host.caps().unwrap_or_default();
         let state = self.state.as_mut().ok_or_else(not_loaded)?;
