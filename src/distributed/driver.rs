@@ -342,13 +342,12 @@ impl<C: Communicator> DistributedFmm<C> {
                         .plan_with(&particles.pos, &particles.mass, &particles.id, with)?;
                 let caps = self.solver.caps().unwrap_or_default();
                 let forces = device.run_passes(&plan, &caps, settings.softening, settings.g)?;
-                for (sorted, &orig) in plan.order_of.iter().enumerate() {
-                    let i = orig as usize;
-                    if active.is_none_or(|a| a[i]) {
-                        particles.acc[i] = forces.acc[sorted];
-                        particles.pot[i] = forces.pot[sorted];
-                    }
-                }
+                forces.write_to(
+                    &plan.order_of,
+                    active,
+                    &mut particles.acc,
+                    &mut particles.pot,
+                );
                 forces.seconds.add_to(&mut stats);
                 stats.p2p_interactions = plan.p2p_interactions();
                 stats

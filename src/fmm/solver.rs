@@ -962,6 +962,26 @@ pub struct DeviceForces {
     pub seconds: DeviceSeconds,
 }
 
+impl DeviceForces {
+    /// Writes the forces back in the caller's order (`order_of` of the plan), only for the
+    /// particles flagged in `active` when given.
+    pub fn write_to(
+        &self,
+        order_of: &[u32],
+        active: Option<&[bool]>,
+        acc: &mut [[f64; 3]],
+        pot: &mut [f64],
+    ) {
+        for (sorted, &orig) in order_of.iter().enumerate() {
+            let i = orig as usize;
+            if active.is_none_or(|a| a[i]) {
+                acc[i] = self.acc[sorted];
+                pot[i] = self.pot[sorted];
+            }
+        }
+    }
+}
+
 /// Seconds of one device evaluation by phase.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DeviceSeconds {

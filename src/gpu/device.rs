@@ -164,6 +164,9 @@ struct Buffers {
     leaves: Reused<u32>,
     p2p_offsets: Reused<u32>,
     p2p_list: Reused<u32>,
+    /// Host side: where each level's cells with children start in `parents`, and how many
+    /// (the per-level M2M launches of the last uploaded plan).
+    parent_levels: Vec<(usize, usize)>,
 }
 
 impl Buffers {
@@ -207,6 +210,7 @@ impl Buffers {
             leaves: Reused::new(stream, leaves)?,
             p2p_offsets: Reused::new(stream, p2p_offsets)?,
             p2p_list: Reused::new(stream, p2p_list)?,
+            parent_levels: Vec::new(),
         })
     }
 
@@ -599,7 +603,9 @@ fn upload_plan<'a>(
     b.p2p_list.upload(&stream, &plan.p2p_list)?;
     let all: Vec<u32> = (0..cells as u32).collect();
     b.all.upload(&stream, &all)?;
-    b.parents.upload(&stream, &parents_by_level(plan).0)?;
+    let (parents, parent_levels) = parents_by_level(plan);
+    b.parents.upload(&stream, &parents)?;
+    b.parent_levels = parent_levels;
     b.multipoles.zero(&stream, cells * len)?;
     b.locals.zero(&stream, cells * len)?;
     b.acc.zero(&stream, 3 * n)?;
@@ -751,7 +757,7 @@ fn upward_pass(
     launch.arg(&b.centre.buf).arg(&p).arg(&mut b.multipoles.buf);
     // SAFETY: the arguments match p2m_leaves's signature and the buffers' sizes.
     unsafe { launch.launch(grid(plan.leaves.len())) }?;
-    for &(start, count) in parents_by_level(plan).1.iter().rev() {
+    for &(start, count) in b.parent_levels.iter().rev() {
         if count == 0 {
             continue;
         }

@@ -74,13 +74,12 @@ impl GpuSolver {
             .device
             .evaluate(&plan, &caps, settings.softening, settings.g)
             .map_err(device_error)?;
-        for (sorted, &orig) in plan.order_of.iter().enumerate() {
-            let i = orig as usize;
-            if active.is_none_or(|a| a[i]) {
-                particles.acc[i] = out.acc[sorted];
-                particles.pot[i] = out.pot[sorted];
-            }
-        }
+        out.write_to(
+            &plan.order_of,
+            active,
+            &mut particles.acc,
+            &mut particles.pot,
+        );
         Ok(Self::report(&plan, stats, out.seconds, start))
     }
 
