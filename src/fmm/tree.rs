@@ -87,6 +87,10 @@ pub struct Tree {
     pub own_cells: usize,
     /// Particles owned by this tree; those after them came with remote cells.
     pub own_particles: usize,
+    /// (key, id, index) records of the last sort, kept so that every build sorts in the
+    /// same memory: a fresh buffer of 24 bytes per particle costs more in page faults than
+    /// the keys take to compute.
+    sort_scratch: Vec<(u64, u64, u32)>,
 }
 
 /// The tree needed more cells than its cap allowed.
@@ -139,22 +143,28 @@ impl Tree {
         let n = pos.len();
         let cube = cube.unwrap_or_else(|| Self::bounding_cube(pos));
         self.cube = Some(cube);
-        let mut sort_keys: Vec<(u64, u32)> = (0..n)
-            .into_par_iter()
-            .map(|i| (cube.key(pos[i]), i as u32))
-            .collect();
-        sort_keys
-            .par_sort_unstable_by(|a, b| (a.0, id[a.1 as usize]).cmp(&(b.0, id[b.1 as usize])));
+        // (key, id, index) records: sorting on the first two fields directly keeps the
+        // comparisons inside the records (no lookup of `id` through the index), and the id
+        // breaks ties between equal keys so that the order never depends on the input order.
+        let mut sort_keys = std::mem::take(&mut self.sort_scratch);
+        sort_keys.clear();
+        sort_keys.par_extend(
+            (0..n)
+                .into_par_iter()
+                .map(|i| (cube.key(pos[i]), id[i], i as u32)),
+        );
+        sort_keys.par_sort_unstable_by_key(|k| (k.0, k.1));
         self.order.clear();
-        self.order.extend(sort_keys.iter().map(|k| k.1));
+        self.order.par_extend(sort_keys.par_iter().map(|k| k.2));
         self.keys.clear();
-        self.keys.extend(sort_keys.iter().map(|k| k.0));
-        drop(sort_keys);
+        self.keys.par_extend(sort_keys.par_iter().map(|k| k.0));
+        self.sort_scratch = sort_keys;
         self.pos.clear();
-        self.pos.extend(self.order.iter().map(|&i| pos[i as usize]));
+        self.pos
+            .par_extend(self.order.par_iter().map(|&i| pos[i as usize]));
         self.mass.clear();
         self.mass
-            .extend(self.order.iter().map(|&i| mass[i as usize]));
+            .par_extend(self.order.par_iter().map(|&i| mass[i as usize]));
         self.build_cells(leaf_size.max(1), cells_cap)
     }
 
