@@ -4,7 +4,7 @@
 //! next evaluation with headroom.
 
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
 /// The capped buffers of one force evaluation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -209,12 +209,12 @@ impl CapsTracker {
     }
 }
 
-/// An append-only buffer of u64 entries with a fixed capacity that many threads push into.
+/// An append-only buffer of u32 entries (cell indices) with a fixed capacity that many threads push into.
 /// Pushes beyond the capacity are counted but not stored, so the caller learns both that
 /// it overflowed and how much room it would have needed.
 #[derive(Debug, Default)]
 pub struct CappedBuffer {
-    slots: Vec<AtomicU64>,
+    slots: Vec<AtomicU32>,
     cursor: AtomicUsize,
 }
 
@@ -223,20 +223,21 @@ impl CappedBuffer {
     /// empties the buffer.
     pub fn reset(&mut self, capacity: usize) {
         if self.slots.len() != capacity {
-            let mut v: Vec<u64> = std::mem::take(&mut self.slots)
+            let mut v: Vec<u32> = std::mem::take(&mut self.slots)
                 .into_iter()
-                .map(AtomicU64::into_inner)
+                .map(AtomicU32::into_inner)
                 .collect();
             v.clear();
             v.resize(capacity, 0);
             v.shrink_to(capacity);
-            self.slots = v.into_iter().map(AtomicU64::new).collect();
+            self.slots = v.into_iter().map(AtomicU32::new).collect();
         }
         self.cursor.store(0, Ordering::Relaxed);
     }
 
-    /// Appends entries (or only counts those that do not fit) with one atomic reservation.
-    pub fn push_all(&self, values: &[u64]) {
+    /// Appends entries (or only counts those that do not fit) with one atomic reservation;
+    /// returns the index of the first.
+    pub fn push_all(&self, values: &[u32]) -> usize {
         let start = self.cursor.fetch_add(values.len(), Ordering::Relaxed);
         let end = (start + values.len()).min(self.slots.len());
         if start < end {
@@ -244,6 +245,7 @@ impl CappedBuffer {
                 slot.store(v, Ordering::Relaxed);
             }
         }
+        start
     }
 
     /// Entries pushed, stored or not.
@@ -258,22 +260,22 @@ impl CappedBuffer {
 
     /// Hands out the stored entries as a plain vector, reusing the buffer's memory (the
     /// buffer is left empty until `give_back`).
-    pub fn take(&mut self) -> Vec<u64> {
+    pub fn take(&mut self) -> Vec<u32> {
         let n = self.needed().min(self.slots.len());
-        let mut v: Vec<u64> = std::mem::take(&mut self.slots)
+        let mut v: Vec<u32> = std::mem::take(&mut self.slots)
             .into_iter()
-            .map(AtomicU64::into_inner)
+            .map(AtomicU32::into_inner)
             .collect();
         v.truncate(n);
         v
     }
 
     /// Returns a vector from `take` to serve as the storage of the next `reset`.
-    pub fn give_back(&mut self, mut v: Vec<u64>) {
+    pub fn give_back(&mut self, mut v: Vec<u32>) {
         let capacity = v.capacity();
         v.clear();
         v.resize(capacity, 0);
-        self.slots = v.into_iter().map(AtomicU64::new).collect();
+        self.slots = v.into_iter().map(AtomicU32::new).collect();
     }
 }
 
@@ -285,8 +287,8 @@ mod tests {
     fn buffer_counts_overflow() {
         let mut b = CappedBuffer::default();
         b.reset(3);
-        b.push_all(&[0, 1]);
-        b.push_all(&[2, 3, 4]);
+        assert_eq!(b.push_all(&[0, 1]), 0);
+        assert_eq!(b.push_all(&[2, 3, 4]), 2);
         assert!(b.overflowed());
         assert_eq!(b.needed(), 5);
         let out = b.take();

@@ -7,7 +7,7 @@ use super::expansion::{self, M2L_LANES, Operators, real_len};
 use super::morton::BoundingCube;
 use super::p2p::{NearField, NearFieldPrecision, NearScratch};
 use super::presets::{PresetKey, PresetsStore};
-use super::traversal::{Mac, unpack, walk, walk_remote};
+use super::traversal::{Mac, Spans, unpack, walk};
 use super::tree::{Cell, Tree};
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, SolverStat, check_finite};
@@ -63,7 +63,7 @@ pub struct PhaseSeconds {
     pub tree: f64,
     /// Moments, P2M and M2M.
     pub upward: f64,
-    /// Dual-tree walk and list sorting.
+    /// Dual-tree walk (the lists).
     pub traversal: f64,
     /// M2L.
     pub m2l: f64,
@@ -188,37 +188,26 @@ fn check_retries(stats: &FmmStats) -> Result<(), GravityError> {
     Ok(())
 }
 
-/// Directed pairs sorted by (target, source), with the range of each target: the sources of
-/// target `t` are the low halves of `pairs[offsets[t]..offsets[t + 1]]`. The pairs vector is
-/// the capped buffer's own memory, lent out between traversal and the next evaluation.
+/// Each own cell's sources from the walk: those of target `t` are
+/// `sources[start..start + len]` with `(start, len) = unpack(spans[t])`, in increasing
+/// cell index. The sources vector is the capped buffer's own memory, lent out between traversal
+/// and the next evaluation.
 #[derive(Debug, Default)]
 struct PairList {
-    pairs: Vec<u64>,
-    offsets: Vec<u32>,
+    sources: Vec<u32>,
+    spans: Spans,
 }
 
 impl PairList {
-    fn build(&mut self, mut pairs: Vec<u64>, targets: usize) {
-        pairs.par_sort_unstable();
-        self.offsets.clear();
-        self.offsets.resize(targets + 1, 0);
-        for &p in &pairs {
-            self.offsets[unpack(p).0 as usize + 1] += 1;
-        }
-        for t in 0..targets {
-            self.offsets[t + 1] += self.offsets[t];
-        }
-        self.pairs = pairs;
-    }
-
     fn of(&self, target: usize) -> impl ExactSizeIterator<Item = u32> + Clone + '_ {
-        self.pairs[self.offsets[target] as usize..self.offsets[target + 1] as usize]
+        let (start, len) = unpack(self.spans[target]);
+        self.sources[start as usize..(start + len) as usize]
             .iter()
-            .map(|&p| unpack(p).1)
+            .copied()
     }
 
     fn len_of(&self, target: usize) -> usize {
-        (self.offsets[target + 1] - self.offsets[target]) as usize
+        unpack(self.spans[target]).1 as usize
     }
 }
 
@@ -467,8 +456,10 @@ impl FmmSolver {
         let mac = self.settings.mac();
         let len = real_len(self.settings.order);
         // The lists of the previous evaluation lend their memory back to the buffers.
-        self.m2l_buf.give_back(std::mem::take(&mut self.m2l.pairs));
-        self.p2p_buf.give_back(std::mem::take(&mut self.p2p.pairs));
+        self.m2l_buf
+            .give_back(std::mem::take(&mut self.m2l.sources));
+        self.p2p_buf
+            .give_back(std::mem::take(&mut self.p2p.sources));
         loop {
             let t0 = Instant::now();
             let built = self.tree.build(
@@ -528,20 +519,18 @@ impl FmmSolver {
             stats.seconds.exchange = t0.elapsed().as_secs_f64();
         }
 
-        loop {
+        let walked = loop {
             let caps = self.tracker.caps();
             let t0 = Instant::now();
             self.m2l_buf.reset(caps.m2l_pairs);
             self.p2p_buf.reset(caps.p2p_pairs);
-            if n > 0 {
-                let targets = (!self.targets.is_empty()).then_some(self.targets.as_slice());
-                walk(&self.tree, targets, mac, &self.m2l_buf, &self.p2p_buf);
-                let (m2l, p2p) = (&self.m2l_buf, &self.p2p_buf);
-                if !walk_remote(&self.tree, targets, mac, &remote_roots, m2l, p2p) {
-                    return Err(GravityError::Communication(
-                        "a locally essential tree from another rank lacks cells that this rank's walk needs; the exchange is inconsistent".into(),
-                    ));
-                }
+            let targets = (!self.targets.is_empty()).then_some(self.targets.as_slice());
+            let (m2l, p2p) = (&self.m2l_buf, &self.p2p_buf);
+            let walked = walk(&self.tree, targets, mac, &remote_roots, m2l, p2p);
+            if !walked.complete {
+                return Err(GravityError::Communication(
+                    "a locally essential tree from another rank lacks cells that this rank's walk needs; the exchange is inconsistent".into(),
+                ));
             }
             stats.seconds.traversal += t0.elapsed().as_secs_f64();
             let over = [
@@ -554,7 +543,7 @@ impl FmmSolver {
             .collect::<Vec<_>>();
             if over.is_empty() {
                 stats.caps = caps;
-                break;
+                break walked;
             }
             stats.retries += 1;
             for (kind, needed) in over {
@@ -562,7 +551,7 @@ impl FmmSolver {
                 self.tracker.grow(kind, needed);
             }
             check_retries(stats)?;
-        }
+        };
         let cells = self.tree.own_cells;
         stats.cells = cells;
         stats.remote_cells = self.tree.cells.len() - cells;
@@ -574,13 +563,19 @@ impl FmmSolver {
             ..stats.used
         };
         let t0 = Instant::now();
-        self.m2l.build(self.m2l_buf.take(), cells);
-        self.p2p.build(self.p2p_buf.take(), cells);
+        self.m2l = PairList {
+            sources: self.m2l_buf.take(),
+            spans: walked.m2l,
+        };
+        self.p2p = PairList {
+            sources: self.p2p_buf.take(),
+            spans: walked.p2p,
+        };
         stats.remote_m2l = self
             .m2l
-            .pairs
+            .sources
             .iter()
-            .filter(|&&p| unpack(p).1 as usize >= cells)
+            .filter(|&&s| s as usize >= cells)
             .count();
         stats.seconds.traversal += t0.elapsed().as_secs_f64();
         Ok(())
@@ -919,6 +914,11 @@ impl FmmSolver {
             leaf_of[c.begin as usize..c.end as usize].fill(leaf);
         }
         let m2l_list: Vec<u32> = (0..cells).flat_map(|c| self.m2l.of(c)).collect();
+        let mut m2l_offsets = Vec::with_capacity(cells + 1);
+        m2l_offsets.push(0u32);
+        for c in 0..cells {
+            m2l_offsets.push(m2l_offsets[c] + self.m2l.len_of(c) as u32);
+        }
         let mut p2p_offsets = vec![0u32];
         let mut p2p_list = Vec::new();
         for &leaf in &tree.leaves {
@@ -942,7 +942,7 @@ impl FmmSolver {
             level_start: tree.level_start.iter().map(|&l| l as u32).collect(),
             leaves: tree.leaves.clone(),
             leaf_of,
-            m2l_offsets: self.m2l.offsets[..=cells].to_vec(),
+            m2l_offsets,
             m2l_list,
             p2p_offsets,
             p2p_list,

@@ -1,11 +1,20 @@
-//! The dual-tree walk (Dehnen 2002): it only builds lists — directed M2L pairs and directed
-//! P2P leaf pairs — into capped buffers; the passes that execute them come afterwards, in the
-//! same shape on the CPU and the GPU.
+//! The dual-tree walk (Dehnen 2002) in directed, target-by-target form: it only builds
+//! lists — the M2L sources and the P2P source leaves of every own cell — into capped
+//! buffers; the passes that execute them come afterwards, in the same shape on the CPU and
+//! the GPU.
+//!
+//! Each target cell takes the sources its parent handed down, tests them, opens the sources
+//! that must be opened on the spot, and hands the rest to its children. Every target's
+//! sources are therefore complete at one moment, on one thread: they are sorted there (a
+//! short list in cache) and go to the buffer in one piece, so the lists need no global sort
+//! afterwards (which cost more than the walk itself). The decision for each pair is the one
+//! the symmetric dual-tree walk makes (Dehnen's mutual walk), so the lists hold the same
+//! pairs as that walk's, in the same order, whatever the number of threads.
 
 use super::caps::CappedBuffer;
 use super::tree::{Cell, Tree};
 use rayon::prelude::*;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The multipole acceptance criterion: cells A and B interact through their expansions when
 /// `r_A + r_B < theta * d` and every particle pair is farther apart than `support`, the
@@ -55,10 +64,10 @@ pub fn open_second(a: &Cell, b: &Cell) -> bool {
     b.r_max.total_cmp(&a.r_max).then_with(by_centre).is_gt()
 }
 
-/// Packs a directed pair (target ← source) so that sorting groups by target.
+/// Packs two 32-bit halves into one word (a target's (start, length) in a list buffer).
 #[inline]
-pub fn pack(target: u32, source: u32) -> u64 {
-    (u64::from(target) << 32) | u64::from(source)
+pub fn pack(high: u32, low: u32) -> u64 {
+    (u64::from(high) << 32) | u64::from(low)
 }
 
 /// Unpacks `pack`.
@@ -70,250 +79,251 @@ pub fn unpack(pair: u64) -> (u32, u32) {
 /// Entries a walk task collects before reserving room in a shared buffer.
 const LOCAL_BATCH: usize = 1024;
 
+/// Targets with at least this many particles walk their children in parallel.
+const PARALLEL_PARTICLES: usize = 16_384;
+
+/// Where a walk put each own cell's sources in one of its buffers: `pack(start, len)` per
+/// cell, the sources being `buffer[start..start + len]` in increasing cell index.
+pub type Spans = Vec<u64>;
+
+/// What a walk produced besides the buffers' contents.
+#[derive(Debug)]
+pub struct Walked {
+    /// Each own cell's M2L sources.
+    pub m2l: Spans,
+    /// Each own cell's P2P source leaves (empty but for leaves).
+    pub p2p: Spans,
+    /// False when another rank's tree lacked a part the walk needed (a bug in the
+    /// exchange: the forces would be incomplete).
+    pub complete: bool,
+}
+
+/// What the walk does with a (target, source) pair.
+enum Step {
+    /// The source's multipole acts on the target's local expansion.
+    M2l,
+    /// Two leaves: particle by particle.
+    P2p,
+    /// Test the source's children against the same target.
+    OpenSource,
+    /// Hand the source down to the target's children.
+    OpenTarget,
+    /// The pair needs a part of a remote tree that was not sent.
+    Missing,
+}
+
+/// The sources of whole targets waiting for room in a shared buffer.
+#[derive(Default)]
+struct Batch {
+    sources: Vec<u32>,
+    /// (target, number of its sources), in the order of `sources`.
+    runs: Vec<(u32, u32)>,
+}
+
+impl Batch {
+    fn add(&mut self, target: u32, sources: &[u32]) {
+        if !sources.is_empty() {
+            self.sources.extend_from_slice(sources);
+            self.runs.push((target, sources.len() as u32));
+        }
+    }
+
+    /// Reserves room for the batch with one atomic operation and records where each
+    /// target's sources went.
+    fn place(&mut self, buffer: &CappedBuffer, spans: &[AtomicU64]) {
+        let mut start = buffer.push_all(&self.sources);
+        for &(target, len) in &self.runs {
+            spans[target as usize].store(pack(start as u32, len), Ordering::Relaxed);
+            start += len as usize;
+        }
+        self.sources.clear();
+        self.runs.clear();
+    }
+}
+
+/// One task's working lists, reused from target to target.
+#[derive(Default)]
+struct Scratch {
+    /// Sources still to test against the current target.
+    open: Vec<u32>,
+    m2l: Vec<u32>,
+    p2p: Vec<u32>,
+    m2l_batch: Batch,
+    p2p_batch: Batch,
+}
+
 struct Walker<'a> {
     cells: &'a [Cell],
+    /// Cells below this index are the rank's own, the others came from other ranks.
+    own_cells: u32,
     /// Which own cells receive forces (`None`: all of them).
     targets: Option<&'a [bool]>,
     mac: Mac,
     m2l: &'a CappedBuffer,
     p2p: &'a CappedBuffer,
-    /// Set when a remote walk needed a part of a remote tree that was not sent.
+    m2l_spans: Vec<AtomicU64>,
+    p2p_spans: Vec<AtomicU64>,
+    /// Set when a remote pair needed a part of a remote tree that was not sent.
     incomplete: AtomicBool,
 }
 
-/// One task's pending entries; flushed to the shared buffers in batches so threads rarely
-/// touch the shared cursors.
-#[derive(Default)]
-struct Pending {
-    m2l: Vec<u64>,
-    p2p: Vec<u64>,
-}
-
-impl<'a> Walker<'a> {
-    fn new(
-        tree: &'a Tree,
-        targets: Option<&'a [bool]>,
-        mac: Mac,
-        m2l: &'a CappedBuffer,
-        p2p: &'a CappedBuffer,
-    ) -> Self {
-        Walker {
-            cells: &tree.cells,
-            targets,
-            mac,
-            m2l,
-            p2p,
-            incomplete: AtomicBool::new(false),
-        }
-    }
-
-    /// Whether own cell `c` receives forces.
+impl Walker<'_> {
+    /// Whether own cell `c` receives forces (then so does its parent).
     fn is_target(&self, c: u32) -> bool {
         self.targets.is_none_or(|t| t[c as usize])
     }
 
-    /// The directed pairs of `a` and `b` whose target receives forces.
-    fn both_ways(&self, a: u32, b: u32) -> impl Iterator<Item = u64> {
-        let ab = self.is_target(a).then(|| pack(a, b));
-        let ba = self.is_target(b).then(|| pack(b, a));
-        ab.into_iter().chain(ba)
-    }
-
-    fn push_m2l(&self, pending: &mut Pending, pairs: impl Iterator<Item = u64>) {
-        pending.m2l.extend(pairs);
-        if pending.m2l.len() >= LOCAL_BATCH {
-            self.m2l.push_all(&pending.m2l);
-            pending.m2l.clear();
+    /// The decision for target `t` and source `s` (`s != t`): the one the symmetric
+    /// walk makes for the unordered pair, so the lists do not depend on the direction.
+    fn step(&self, t: u32, s: u32) -> Step {
+        let (ct, cs) = (&self.cells[t as usize], &self.cells[s as usize]);
+        if self.mac.accepts(ct, cs) {
+            return Step::M2l;
         }
-    }
-
-    fn push_p2p(&self, pending: &mut Pending, pair: &[u64]) {
-        pending.p2p.extend_from_slice(pair);
-        if pending.p2p.len() >= LOCAL_BATCH {
-            self.p2p.push_all(&pending.p2p);
-            pending.p2p.clear();
-        }
-    }
-
-    fn flush(&self, pending: &mut Pending) {
-        self.m2l.push_all(&pending.m2l);
-        self.p2p.push_all(&pending.p2p);
-        pending.m2l.clear();
-        pending.p2p.clear();
-    }
-
-    fn interact(&self, a: u32, b: u32, pending: &mut Pending) {
-        if !self.is_target(a) && !self.is_target(b) {
-            return;
-        }
-        let (ca, cb) = (&self.cells[a as usize], &self.cells[b as usize]);
-        if a == b {
-            if ca.is_leaf() {
-                self.push_p2p(pending, &[pack(a, a)]);
+        if s < self.own_cells {
+            if ct.is_leaf() && cs.is_leaf() {
+                return Step::P2p;
+            }
+            // The symmetric walk meets two own cells as (first, second) in particle
+            // order and decides with `open_second` on them in that order.
+            let target_first = ct.begin < cs.begin;
+            let opens_second = if target_first {
+                open_second(ct, cs)
             } else {
-                for i in ca.children() {
-                    for j in i..ca.first_child + ca.child_count as u32 {
-                        self.interact(i, j, pending);
-                    }
-                }
+                open_second(cs, ct)
+            };
+            if opens_second == target_first {
+                Step::OpenSource
+            } else {
+                Step::OpenTarget
             }
-        } else if self.mac.accepts(ca, cb) {
-            self.push_m2l(pending, self.both_ways(a, b));
-        } else if ca.is_leaf() && cb.is_leaf() {
-            let (mut pairs, mut k) = ([0u64; 2], 0);
-            for pair in self.both_ways(a, b) {
-                pairs[k] = pair;
-                k += 1;
-            }
-            self.push_p2p(pending, &pairs[..k]);
-        } else if open_second(ca, cb) {
-            for c in cb.children() {
-                self.interact(a, c, pending);
-            }
-        } else {
-            for c in ca.children() {
-                self.interact(c, b, pending);
-            }
-        }
-    }
-
-    /// One-sided walk of own cell `a` against remote cell `c` (from another rank's locally
-    /// essential tree): only `a` receives. The sender emulated this very walk to choose what
-    /// to send, so every cell it opens came with its children and every leaf pair with
-    /// particles; anything missing marks the walk incomplete.
-    fn interact_remote(&self, a: u32, c: u32, pending: &mut Pending) {
-        match self.remote_step(a, c, pending) {
-            RemoteStep::Done => {}
-            RemoteStep::OpenRemote => {
-                for k in self.cells[c as usize].children() {
-                    self.interact_remote(a, k, pending);
-                }
-            }
-            RemoteStep::OpenOwn => {
-                for k in self.cells[a as usize].children() {
-                    self.interact_remote(k, c, pending);
-                }
-            }
-        }
-    }
-
-    /// What the walk does with the pair (own `a`, remote `c`): records an interaction, or
-    /// says which cell to open.
-    fn remote_step(&self, a: u32, c: u32, pending: &mut Pending) -> RemoteStep {
-        if !self.is_target(a) {
-            return RemoteStep::Done;
-        }
-        let (ca, cc) = (&self.cells[a as usize], &self.cells[c as usize]);
-        if self.mac.accepts(ca, cc) {
-            self.push_m2l(pending, std::iter::once(pack(a, c)));
-            RemoteStep::Done
-        } else if ca.is_tree_leaf() && cc.is_tree_leaf() {
-            if cc.count() == 0 {
+        } else if ct.is_tree_leaf() && cs.is_tree_leaf() {
+            if cs.count() == 0 {
                 self.incomplete.store(true, Ordering::Relaxed);
             }
-            self.push_p2p(pending, &[pack(a, c)]);
-            RemoteStep::Done
-        } else if open_second(ca, cc) {
-            if cc.is_leaf() {
+            Step::P2p
+        } else if open_second(ct, cs) {
+            // The sender emulated this walk to choose what to send, so every cell it
+            // opens came with its children.
+            if cs.is_leaf() {
                 self.incomplete.store(true, Ordering::Relaxed);
-                return RemoteStep::Done;
+                return Step::Missing;
             }
-            RemoteStep::OpenRemote
+            Step::OpenSource
         } else {
-            RemoteStep::OpenOwn
+            Step::OpenTarget
         }
     }
 
-    /// Like `interact`, but stops after `depth` splits and returns the pending pairs as tasks.
-    fn expand(&self, a: u32, b: u32, depth: u32, tasks: &mut Vec<(u32, u32)>) {
-        if depth == 0 {
-            tasks.push((a, b));
+    /// Finds the sources of target `t` among `handed` (and their descendants), writes
+    /// them out, and walks `t`'s children with what `t` could not settle.
+    fn visit(&self, t: u32, handed: &[u32], scratch: &mut Scratch) {
+        if !self.is_target(t) {
             return;
         }
-        let ca = &self.cells[a as usize];
-        if a == b && !ca.is_leaf() {
-            for i in ca.children() {
-                for j in i..ca.first_child + ca.child_count as u32 {
-                    self.expand(i, j, depth - 1, tasks);
+        let cell = &self.cells[t as usize];
+        let mut deferred = Vec::new();
+        let mut split_self = false;
+        scratch.open.clear();
+        scratch.open.extend_from_slice(handed);
+        scratch.m2l.clear();
+        scratch.p2p.clear();
+        while let Some(s) = scratch.open.pop() {
+            if s == t {
+                if cell.is_leaf() {
+                    scratch.p2p.push(t);
+                } else {
+                    split_self = true;
                 }
+                continue;
             }
-        } else {
-            tasks.push((a, b));
+            match self.step(t, s) {
+                Step::M2l => scratch.m2l.push(s),
+                Step::P2p => scratch.p2p.push(s),
+                Step::OpenSource => scratch.open.extend(self.cells[s as usize].children()),
+                Step::OpenTarget => deferred.push(s),
+                Step::Missing => {}
+            }
         }
+        // In increasing index, the order the sums have always been taken in: the walk's
+        // own order gives other round-off, and the f32 near field's momentum error at
+        // 1e-8 moves with it (only sorting keeps the bits of earlier versions).
+        scratch.m2l.sort_unstable();
+        scratch.p2p.sort_unstable();
+        scratch.m2l_batch.add(t, &scratch.m2l);
+        scratch.p2p_batch.add(t, &scratch.p2p);
+        if scratch.m2l_batch.sources.len() >= LOCAL_BATCH {
+            scratch.m2l_batch.place(self.m2l, &self.m2l_spans);
+        }
+        if scratch.p2p_batch.sources.len() >= LOCAL_BATCH {
+            scratch.p2p_batch.place(self.p2p, &self.p2p_spans);
+        }
+        if cell.is_leaf() {
+            // A leaf target never defers (`step` opens the other cell of such a pair).
+            debug_assert!(deferred.is_empty());
+            return;
+        }
+        if split_self {
+            // The self pair of a cell becomes every pair of its children.
+            deferred.extend(cell.children());
+        }
+        if cell.count() >= PARALLEL_PARTICLES {
+            cell.children()
+                .into_par_iter()
+                .for_each_init(Scratch::default, |scratch, c| {
+                    self.visit(c, &deferred, scratch);
+                    self.flush(scratch);
+                });
+        } else {
+            for c in cell.children() {
+                self.visit(c, &deferred, scratch);
+            }
+        }
+    }
+
+    fn flush(&self, scratch: &mut Scratch) {
+        scratch.m2l_batch.place(self.m2l, &self.m2l_spans);
+        scratch.p2p_batch.place(self.p2p, &self.p2p_spans);
     }
 }
 
-/// Walks the tree and fills the two buffers with the pairs whose target is in `targets`
-/// (every cell when `None`). Pairs are pushed from many threads in no particular order;
-/// callers sort them.
+/// Walks own root 0 against itself and against every remote root (other ranks' locally
+/// essential trees, appended to `tree`; only own cells receive), and writes the sources of
+/// every own cell in `targets` (every own cell when `None`) to the two buffers.
 pub fn walk(
-    tree: &Tree,
-    targets: Option<&[bool]>,
-    mac: Mac,
-    m2l: &CappedBuffer,
-    p2p: &CappedBuffer,
-) {
-    let walker = Walker::new(tree, targets, mac, m2l, p2p);
-    let mut tasks = Vec::new();
-    // Two levels of self-interaction splitting give up to 36 * 36 subtree tasks.
-    walker.expand(0, 0, 2, &mut tasks);
-    tasks
-        .par_iter()
-        .for_each_init(Pending::default, |pending, &(a, b)| {
-            walker.interact(a, b, pending);
-            walker.flush(pending);
-        });
-}
-
-/// What the remote walk does next with a pair.
-enum RemoteStep {
-    /// Interaction recorded (or the pair was dropped as incomplete).
-    Done,
-    /// Open the remote cell.
-    OpenRemote,
-    /// Open the own cell.
-    OpenOwn,
-}
-
-/// Walks own root 0 against every remote root (one-sided), appending to the same buffers.
-/// Returns false when a remote tree lacked something the walk needed (a bug in the
-/// exchange: the forces would be incomplete).
-pub fn walk_remote(
     tree: &Tree,
     targets: Option<&[bool]>,
     mac: Mac,
     remote_roots: &[u32],
     m2l: &CappedBuffer,
     p2p: &CappedBuffer,
-) -> bool {
-    let walker = Walker::new(tree, targets, mac, m2l, p2p);
-    // Follow the walk's own decisions a few levels down, breadth first, to get tasks that
-    // spread over the threads (the pairs are the same as a serial walk's).
-    let mut pending = Pending::default();
-    let mut tasks: Vec<(u32, u32)> = remote_roots.iter().map(|&r| (0, r)).collect();
-    for _ in 0..4 {
-        let mut next = Vec::with_capacity(tasks.len() * 8);
-        for &(a, c) in &tasks {
-            match walker.remote_step(a, c, &mut pending) {
-                RemoteStep::Done => {}
-                RemoteStep::OpenRemote => {
-                    next.extend(tree.cells[c as usize].children().map(|k| (a, k)))
-                }
-                RemoteStep::OpenOwn => {
-                    next.extend(tree.cells[a as usize].children().map(|k| (k, c)))
-                }
-            }
-        }
-        tasks = next;
+) -> Walked {
+    let own_cells = tree.own_cells;
+    let spans = || (0..own_cells).map(|_| AtomicU64::new(0)).collect();
+    let walker = Walker {
+        cells: &tree.cells,
+        own_cells: own_cells as u32,
+        targets,
+        mac,
+        m2l,
+        p2p,
+        m2l_spans: spans(),
+        p2p_spans: spans(),
+        incomplete: AtomicBool::new(false),
+    };
+    if tree.own_particles > 0 {
+        let mut roots = vec![0];
+        roots.extend_from_slice(remote_roots);
+        let mut scratch = Scratch::default();
+        walker.visit(0, &roots, &mut scratch);
+        walker.flush(&mut scratch);
     }
-    walker.flush(&mut pending);
-    tasks
-        .par_iter()
-        .for_each_init(Pending::default, |pending, &(a, c)| {
-            walker.interact_remote(a, c, pending);
-            walker.flush(pending);
-        });
-    !walker.incomplete.load(Ordering::Relaxed)
+    let unpacked = |spans: Vec<AtomicU64>| spans.into_iter().map(AtomicU64::into_inner).collect();
+    Walked {
+        complete: !walker.incomplete.load(Ordering::Relaxed),
+        m2l: unpacked(walker.m2l_spans),
+        p2p: unpacked(walker.p2p_spans),
+    }
 }
 
 #[cfg(test)]
@@ -321,9 +331,10 @@ mod tests {
     use super::*;
     use crate::fmm::caps::CappedBuffer;
 
-    #[test]
-    fn every_particle_pair_is_covered_exactly_once() {
-        let n = 600;
+    /// Builds a tree over `n` particles of a flattened random cloud, walks it with only the
+    /// particles flagged by `active` receiving, and counts, for every directed particle pair,
+    /// how many list entries cover it.
+    fn cover(n: usize, active: impl Fn(usize) -> bool) -> (Vec<u8>, usize) {
         let mut s = 9u64;
         let mut rnd = move || {
             s = s
@@ -337,6 +348,8 @@ mod tests {
         let mut tree = Tree::default();
         tree.build(&pos, &mass, &id, None, 8, 10_000).unwrap();
         tree.compute_moments();
+        let flags: Vec<bool> = (0..n).map(&active).collect();
+        let targets = tree.cells_holding(&flags);
         let (mut m2l, mut p2p) = (CappedBuffer::default(), CappedBuffer::default());
         m2l.reset(1_000_000);
         p2p.reset(1_000_000);
@@ -344,29 +357,67 @@ mod tests {
             theta: 0.6,
             support: 0.0,
         };
-        walk(&tree, None, mac, &m2l, &p2p);
-        let (a, b) = (m2l.take(), p2p.take());
-        assert!(!a.is_empty(), "the test must exercise far pairs");
-        // Count, for every directed particle pair, how many list entries cover it.
+        let walked = walk(&tree, Some(&targets), mac, &[], &m2l, &p2p);
+        assert!(walked.complete);
+        let (far, near) = (m2l.take(), p2p.take());
         let mut cover = vec![0u8; n * n];
-        for (list, is_far) in [(&a, true), (&b, false)] {
-            for &pair in list.iter() {
-                let (t, s) = unpack(pair);
-                let (ct, cs) = (tree.cells[t as usize], tree.cells[s as usize]);
-                if is_far {
-                    assert!(mac.accepts(&ct, &cs));
-                }
-                for i in ct.begin..ct.end {
-                    for j in cs.begin..cs.end {
-                        cover[i as usize * n + j as usize] += 1;
+        for (list, spans, is_far) in [(&far, &walked.m2l, true), (&near, &walked.p2p, false)] {
+            let mut entries = 0;
+            for (t, &span) in spans.iter().enumerate() {
+                let (start, len) = unpack(span);
+                let sources = &list[start as usize..(start + len) as usize];
+                assert!(sources.is_sorted(), "target {t}");
+                entries += sources.len();
+                let ct = tree.cells[t];
+                for &s in sources {
+                    let cs = tree.cells[s as usize];
+                    assert_eq!(mac.accepts(&ct, &cs), is_far, "({t}, {s})");
+                    for i in ct.begin..ct.end {
+                        for j in cs.begin..cs.end {
+                            let (i, j) = (tree.order[i as usize], tree.order[j as usize]);
+                            cover[i as usize * n + j as usize] += 1;
+                        }
                     }
                 }
             }
+            assert_eq!(entries, list.len(), "every entry belongs to one target");
         }
+        (cover, far.len())
+    }
+
+    #[test]
+    fn every_particle_pair_is_covered_exactly_once() {
+        let n = 600;
+        let (cover, far) = cover(n, |_| true);
+        assert!(far > 0, "the test must exercise far pairs");
         for i in 0..n {
             for j in 0..n {
                 assert_eq!(cover[i * n + j], 1, "pair ({i}, {j})");
             }
         }
+    }
+
+    #[test]
+    fn only_targets_receive_and_each_of_their_pairs_once() {
+        let n = 600;
+        let active = |i: usize| i % 7 == 3;
+        let (cover, far) = cover(n, active);
+        assert!(far > 0, "the test must exercise far pairs");
+        for i in 0..n {
+            for j in 0..n {
+                // A passive particle in a leaf with an active one receives too.
+                let c = cover[i * n + j];
+                if active(i) {
+                    assert_eq!(c, 1, "pair ({i}, {j})");
+                } else {
+                    assert!(c <= 1, "pair ({i}, {j})");
+                }
+            }
+        }
+        let skipped = (0..n).filter(|&i| (0..n).any(|j| cover[i * n + j] == 0));
+        assert!(
+            skipped.count() > 0,
+            "the walk must leave out pairs of passive cells"
+        );
     }
 }
