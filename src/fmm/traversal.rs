@@ -186,13 +186,12 @@ impl Walker<'_> {
             }
             // The symmetric walk meets two own cells as (first, second) in particle
             // order and decides with `open_second` on them in that order.
-            let target_first = ct.begin < cs.begin;
-            let opens_second = if target_first {
+            let opens_source = if ct.begin < cs.begin {
                 open_second(ct, cs)
             } else {
-                open_second(cs, ct)
+                !open_second(cs, ct)
             };
-            if opens_second == target_first {
+            if opens_source {
                 Step::OpenSource
             } else {
                 Step::OpenTarget
