@@ -170,12 +170,14 @@ extern "C" __global__ void l2l_cells(
 }
 
 // M2L: each of `count` target cells (`targets`) adds the local expansions of the source
-// cells on its M2L list (`list[offsets[k]..offsets[k + 1]]`, in list order):
+// cells on its M2L list, `sources[start..start + len]` in list order with (start, len) the
+// high and low 32 bits of `spans[cell]` (the host walk's per-cell pieces, as it wrote them):
 //   L_k^l += (-1)^k Σ_{n + k <= p} Σ_m M_n^m I_{n+k}^{m+l}(R),  R = target centre - source centre.
 // The direct O(p^4) form of the CPU backend's rotation-based translation (same truncation).
 extern "C" __global__ void m2l_cells(
-    const unsigned* __restrict__ targets, unsigned count, const unsigned* __restrict__ offsets,
-    const unsigned* __restrict__ list, const double* __restrict__ centre,
+    const unsigned* __restrict__ targets, unsigned count,
+    const unsigned long long* __restrict__ spans, const unsigned* __restrict__ sources,
+    const double* __restrict__ centre,
     const double* __restrict__ multipoles, int p, double* __restrict__ locals)
 {
     const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
@@ -186,8 +188,11 @@ extern "C" __global__ void m2l_cells(
     const unsigned cell = targets[t];
     double* out = locals + (size_t)cell * len;
     double irr[LEAPFMM_MAX_LEN];
-    for (unsigned s = offsets[t]; s < offsets[t + 1]; ++s) {
-        const unsigned src = list[s];
+    const unsigned long long span = spans[cell];
+    const unsigned first = (unsigned)(span >> 32);
+    const unsigned last = first + (unsigned)(span & 0xffffffffu);
+    for (unsigned s = first; s < last; ++s) {
+        const unsigned src = sources[s];
         irregular(p, centre[3 * cell] - centre[3 * src], centre[3 * cell + 1] - centre[3 * src + 1],
                   centre[3 * cell + 2] - centre[3 * src + 2], irr);
         const double* m_src = multipoles + (size_t)src * len;

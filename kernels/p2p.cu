@@ -16,8 +16,8 @@ extern "C" __global__ void p2p_leaves(
     const unsigned* __restrict__ leaf_end,    // per leaf: one past the last
     const double* __restrict__ leaf_centre,   // 3 per leaf
     const unsigned* __restrict__ targets,     // the target leaves, one per block
-    const unsigned* __restrict__ list_offsets,  // per block: its sources in `list`
-    const unsigned* __restrict__ list,          // source leaves
+    const unsigned long long* __restrict__ spans,  // per leaf: (start << 32 | len) in `sources`
+    const unsigned* __restrict__ sources,          // source leaves
     int kernel, float eps2, float h, double g,
     double* __restrict__ acc,   // 3 per particle (+=)
     double* __restrict__ pot)   // per particle (+=)
@@ -34,6 +34,9 @@ extern "C" __global__ void p2p_leaves(
     const double cy = leaf_centre[3 * leaf + 1];
     const double cz = leaf_centre[3 * leaf + 2];
     const unsigned width = blockDim.x;
+    const unsigned long long span = spans[leaf];
+    const unsigned first = (unsigned)(span >> 32);
+    const unsigned last = first + (unsigned)(span & 0xffffffffu);
 
     // Targets in rounds of one per thread; every thread takes part in every tile load.
     for (unsigned round = t_begin; round < t_end; round += width) {
@@ -46,8 +49,8 @@ extern "C" __global__ void p2p_leaves(
             zi = (float)(pos[3 * i + 2] - cz);
         }
         double ax = 0.0, ay = 0.0, az = 0.0, ph = 0.0;
-        for (unsigned s = list_offsets[blockIdx.x]; s < list_offsets[blockIdx.x + 1]; ++s) {
-            const unsigned src = list[s];
+        for (unsigned s = first; s < last; ++s) {
+            const unsigned src = sources[s];
             const unsigned s_begin = leaf_begin[src];
             const unsigned s_end = leaf_end[src];
             for (unsigned base = s_begin; base < s_end; base += width) {

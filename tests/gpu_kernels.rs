@@ -4,6 +4,7 @@
 //! partial tile, an empty leaf and leaves larger than a block; kick and drift exactly.
 //! Needs a C++20 compiler (`c++`; scripts/install-deps.sh installs g++).
 
+use leapfmm::fmm::traversal::pack;
 use leapfmm::gravity::softening::{Softening, SofteningKernel};
 use rand::{RngExt, SeedableRng};
 use std::path::{Path, PathBuf};
@@ -91,11 +92,16 @@ fn leaves(sizes: &[usize], seed: u64) -> Leaves {
     l
 }
 
-/// The P2P launch's input for every leaf as a target with every leaf as a source.
+/// The P2P launch's input for every leaf as a target, leaf t with the sources 0..=t; the
+/// targets' pieces of the source list lie in reverse order, as a walk's threads may leave
+/// them.
 fn p2p_input(l: &Leaves, softening: Softening, block: u32, g: f64) -> Vec<u8> {
     let nl = l.begin.len() as u32;
-    let list: Vec<u32> = (0..nl).flat_map(|_| 0..nl).collect();
-    let offsets: Vec<u32> = (0..=nl).map(|t| t * nl).collect();
+    let (mut list, mut spans) = (Vec::new(), vec![0u64; nl as usize]);
+    for t in (0..nl).rev() {
+        spans[t as usize] = pack(list.len() as u32, t + 1);
+        list.extend(0..=t);
+    }
     let mut b = Vec::new();
     let u32s = |b: &mut Vec<u8>, v: &[u32]| v.iter().for_each(|x| b.extend(x.to_le_bytes()));
     u32s(&mut b, &[l.pos.len() as u32, nl, nl, list.len() as u32]);
@@ -121,7 +127,7 @@ fn p2p_input(l: &Leaves, softening: Softening, block: u32, g: f64) -> Vec<u8> {
         .flatten()
         .for_each(|x| b.extend(x.to_le_bytes()));
     u32s(&mut b, &(0..nl).collect::<Vec<_>>());
-    u32s(&mut b, &offsets);
+    spans.iter().for_each(|x| b.extend(x.to_le_bytes()));
     u32s(&mut b, &list);
     b
 }
@@ -143,9 +149,13 @@ fn p2p_kernel_matches_the_cpu_pair_sums() {
         let (acc, pot) = out.split_at(3 * n);
         let mut worst: f64 = 0.0;
         for i in 0..n {
-            // The CPU backend's pair function in f64 over every other particle.
+            // The CPU backend's pair function in f64 over every other particle of the leaves
+            // up to i's own.
+            let leaf = (0..sizes.len())
+                .find(|&t| (l.begin[t] as usize..l.end[t] as usize).contains(&i))
+                .unwrap();
             let (mut a, mut p) = ([0.0f64; 3], 0.0);
-            for j in 0..n {
+            for j in 0..l.end[leaf] as usize {
                 let d: [f64; 3] = std::array::from_fn(|k| l.pos[j][k] - l.pos[i][k]);
                 let r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
                 if r2 > 0.0 {
@@ -482,11 +492,13 @@ fn m2l_kernel_matches_the_cpu_translation() {
     ];
     let m = random_expansions(6, p, 9);
     let mut b = Vec::new();
-    u32_bytes(&mut b, &[6, 1, 5, p as u32, 1]);
+    // The target's span starts past two entries of other cells' lists.
+    u32_bytes(&mut b, &[6, 1, 7, p as u32, 1]);
     f64_bytes(&mut b, centres.iter().flatten().copied());
     u32_bytes(&mut b, &[0]);
-    u32_bytes(&mut b, &[0, 5]);
-    u32_bytes(&mut b, &[1, 2, 3, 4, 5]);
+    let spans = [pack(2, 5), pack(0, 2), 0, 0, 0, 0];
+    spans.iter().for_each(|x| b.extend(x.to_le_bytes()));
+    u32_bytes(&mut b, &[4, 5, 1, 2, 3, 4, 5]);
     f64_bytes(&mut b, m.iter().copied());
     let out = f64s(&run_harness("m2l", &b));
     let ops = Operators::new(p);
@@ -531,8 +543,8 @@ fn fmm_input(plan: &leapfmm::fmm::solver::DevicePlan, softening: Softening, g: f
             plan.centre.len() as u32,
             plan.level_start.len() as u32,
             plan.leaves.len() as u32,
-            plan.m2l_list.len() as u32,
-            plan.p2p_list.len() as u32,
+            plan.m2l_sources.len() as u32,
+            plan.p2p_sources.len() as u32,
             plan.order as u32,
             plan.own_particles as u32,
             plan.own_cells as u32,
@@ -549,7 +561,7 @@ fn fmm_input(plan: &leapfmm::fmm::solver::DevicePlan, softening: Softening, g: f
     b.extend(((eps * eps) as f32).to_le_bytes());
     b.extend(((2.8 * eps) as f32).to_le_bytes());
     f64_bytes(&mut b, [g]);
-    f64_bytes(&mut b, plan.pos.iter().flatten().copied());
+    f64_bytes(&mut b, plan.pos.as_flattened().iter().copied());
     f64_bytes(&mut b, plan.mass.iter().copied());
     f64_bytes(&mut b, plan.centre.iter().flatten().copied());
     for v in [
@@ -559,16 +571,19 @@ fn fmm_input(plan: &leapfmm::fmm::solver::DevicePlan, softening: Softening, g: f
         &plan.child_count,
         &plan.parent,
         &plan.level_start,
-        &plan.leaves,
+        plan.leaves,
         &plan.leaf_of,
-        &plan.m2l_offsets,
-        &plan.m2l_list,
-        &plan.p2p_offsets,
-        &plan.p2p_list,
     ] {
         u32_bytes(&mut b, v);
     }
-    if let Some(m) = &plan.multipoles {
+    for (spans, sources) in [
+        (plan.m2l_spans, plan.m2l_sources),
+        (plan.p2p_spans, plan.p2p_sources),
+    ] {
+        spans.iter().for_each(|x| b.extend(x.to_le_bytes()));
+        u32_bytes(&mut b, sources);
+    }
+    if let Some(m) = plan.multipoles {
         f64_bytes(&mut b, m.iter().copied());
     }
     b
@@ -666,16 +681,19 @@ fn active_particles_lists_cut_the_device_work_and_keep_their_forces() {
     let cloud = clumpy_cloud();
     let active: Vec<bool> = cloud.pos.iter().map(|x| x[0] > 0.2 && x[1] > 0.2).collect();
     let count = active.iter().filter(|&&a| a).count();
-    let (full, _) = FmmSolver::new(cloud.settings.clone(), None)
+    let mut full_solver = FmmSolver::new(cloud.settings.clone(), None);
+    let (full, _) = full_solver
         .plan(&cloud.pos, &cloud.mass, &cloud.id)
         .unwrap();
     let with = Evaluation {
         active: Some(&active),
         ..Evaluation::default()
     };
-    let (plan, _) = FmmSolver::new(cloud.settings.clone(), None)
+    let mut solver = FmmSolver::new(cloud.settings.clone(), None);
+    solver
         .plan_with(&cloud.pos, &cloud.mass, &cloud.id, with)
         .unwrap();
+    let plan = solver.device_plan().unwrap();
     let s = &cloud.settings;
     let out = f64s(&run_harness("fmm", &fmm_input(&plan, s.softening, s.g)));
     let worst = worst_difference(&plan, &out, &cloud, |i| active[i]);
@@ -683,13 +701,27 @@ fn active_particles_lists_cut_the_device_work_and_keep_their_forces() {
     eprintln!(
         "{count} of {} active: {pairs} of {all_pairs} pair interactions, {} of {} M2L; worst relative difference {worst:.2e}",
         cloud.pos.len(),
-        plan.m2l_list.len(),
-        full.m2l_list.len()
+        plan.m2l_sources.len(),
+        full.m2l_sources.len()
     );
     assert!(count > 100 && count < cloud.pos.len() / 4, "{count} active");
     assert!(worst < 1e-5, "{worst:.2e}");
     assert!(2 * pairs < all_pairs, "{pairs} of {all_pairs}");
-    assert!(2 * plan.m2l_list.len() < full.m2l_list.len());
+    assert!(2 * plan.m2l_sources.len() < full.m2l_sources.len());
+}
+
+/// Every own cell's M2L sources and every leaf's P2P sources, in cell order (the plans'
+/// spans lie wherever the walk's threads put them).
+fn lists(plan: &leapfmm::fmm::solver::DevicePlan) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+    let m2l = (0..plan.own_cells)
+        .map(|c| plan.m2l_of(c).to_vec())
+        .collect();
+    let p2p = plan
+        .leaves
+        .iter()
+        .map(|&c| plan.p2p_of(c as usize).to_vec())
+        .collect();
+    (m2l, p2p)
 }
 
 #[test]
@@ -708,20 +740,17 @@ fn the_kernels_in_sequence_give_the_cpu_fmm_forces() {
     let (mut acc, mut pot) = (vec![[0.0; 3]; n], vec![0.0; n]);
     let stats = solver.evaluate(pos, mass, id, &mut acc, &mut pot).unwrap();
     // The GPU solver's plan (tree and lists without the host passes) is the evaluation's.
-    let (plan, _) = FmmSolver::new(settings.clone(), None)
-        .plan(pos, mass, id)
-        .unwrap();
+    let mut planner = FmmSolver::new(settings.clone(), None);
+    let (plan, _) = planner.plan(pos, mass, id).unwrap();
     let evaluated = solver.device_plan().expect("a single-rank plan");
     assert_eq!(plan.pos, evaluated.pos);
     assert_eq!(plan.centre, evaluated.centre);
-    assert_eq!(plan.m2l_offsets, evaluated.m2l_offsets);
-    assert_eq!(plan.m2l_list, evaluated.m2l_list);
-    assert_eq!(plan.p2p_list, evaluated.p2p_list);
+    assert_eq!(lists(&plan), lists(&evaluated));
     assert_eq!(plan.p2p_interactions(), stats.p2p_interactions);
     assert!(
-        plan.m2l_list.len() > 1000,
+        plan.m2l_sources.len() > 1000,
         "too little far field: {}",
-        plan.m2l_list.len()
+        plan.m2l_sources.len()
     );
     assert!(plan.level_start.len() > 4);
     let out = f64s(&run_harness("fmm", &fmm_input(&plan, softening, g)));
@@ -766,7 +795,10 @@ fn a_galaxy_evaluation_needs_under_a_kilobyte_of_device_memory_per_particle() {
     let mut solver = FmmSolver::new(settings, None);
     let mut worst: f64 = 0.0;
     for _ in 0..3 {
-        let (plan, _) = solver.plan(&p.pos, &p.mass, &p.id).unwrap();
+        solver
+            .plan_with(&p.pos, &p.mass, &p.id, Default::default())
+            .unwrap();
+        let plan = solver.device_plan().unwrap();
         let caps = solver.caps().unwrap();
         let lengths = DeviceLengths::of(&plan, &caps);
         worst = worst.max(lengths.bytes_per_particle());

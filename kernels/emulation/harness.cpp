@@ -16,7 +16,7 @@
 //                             of the own particles from the pass sequence P2M, M2M (unless the
 //                             plan gives the multipoles), M2L, L2L, L2P, P2P
 //   harness m2l IN OUT        IN: cells, targets, list length, p, block, centres, targets,
-//                             offsets, list, multipoles; OUT: locals (zero before)
+//                             spans (per cell), list, multipoles; OUT: locals (zero before)
 #include "cuda_shim.h"
 #include "../p2p.cu"
 #include "../integrate.cu"
@@ -90,12 +90,12 @@ int main(int argc, char** argv) {
         auto begin = in.many<uint32_t>(leaves), end = in.many<uint32_t>(leaves);
         auto centre = in.many<double>(3 * leaves);
         auto target = in.many<uint32_t>(targets);
-        auto offsets = in.many<uint32_t>(targets + 1);
+        auto spans = in.many<uint64_t>(leaves);
         auto list = in.many<uint32_t>(list_len);
         std::vector<double> acc(3 * n, 0.0), pot(n, 0.0);
         launch(targets, block, p2p_leaves, pos.data(), mass.data(), begin.data(), end.data(),
-               centre.data(), target.data(), offsets.data(), list.data(), (int)kernel, eps2, h, g,
-               acc.data(), pot.data());
+               centre.data(), target.data(), (const unsigned long long*)spans.data(),
+               list.data(), (int)kernel, eps2, h, g, acc.data(), pot.data());
         put(out, acc);
         put(out, pot);
     } else if (mode == "integrate") {
@@ -192,13 +192,14 @@ int main(int argc, char** argv) {
         auto cells = in.one<uint32_t>(), count = in.one<uint32_t>(), n_list = in.one<uint32_t>();
         auto p = in.one<uint32_t>(), block = in.one<uint32_t>();
         auto centre = in.many<double>(3 * cells);
-        auto which = in.many<uint32_t>(count), offsets = in.many<uint32_t>(count + 1);
+        auto which = in.many<uint32_t>(count);
+        auto spans = in.many<uint64_t>(cells);
         auto list = in.many<uint32_t>(n_list);
         size_t len = (size_t)(p + 1) * (p + 2);
         auto m = in.many<double>(cells * len);
         std::vector<double> l(cells * len, 0.0);
         launch((count + block - 1) / block, block, m2l_cells, (const unsigned*)which.data(),
-               (unsigned)count, (const unsigned*)offsets.data(), (const unsigned*)list.data(),
+               (unsigned)count, (const unsigned long long*)spans.data(), (const unsigned*)list.data(),
                (const double*)centre.data(), (const double*)m.data(), (int)p, l.data());
         put(out, l);
     } else if (mode == "fmm") {
@@ -222,8 +223,10 @@ int main(int argc, char** argv) {
         auto level_start = in.many<uint32_t>(levels);
         auto leaves = in.many<uint32_t>(n_leaves);
         auto leaf_of = in.many<uint32_t>(own_n);
-        auto m2l_offsets = in.many<uint32_t>(own_cells + 1), m2l_list = in.many<uint32_t>(m2l_len);
-        auto p2p_offsets = in.many<uint32_t>(n_leaves + 1), p2p_list = in.many<uint32_t>(p2p_len);
+        auto m2l_spans = in.many<uint64_t>(own_cells);
+        auto m2l_list = in.many<uint32_t>(m2l_len);
+        auto p2p_spans = in.many<uint64_t>(own_cells);
+        auto p2p_list = in.many<uint32_t>(p2p_len);
         size_t len = (size_t)(p + 1) * (p + 2);
         std::vector<double> multipoles(cells * len, 0.0), locals(cells * len, 0.0);
         if (given) multipoles = in.many<double>(cells * len);
@@ -249,7 +252,7 @@ int main(int argc, char** argv) {
         std::vector<unsigned> all(cells);
         for (unsigned c = 0; c < cells; ++c) all[c] = c;
         launch(grid(own_cells), block, m2l_cells, (const unsigned*)all.data(), (unsigned)own_cells,
-               (const unsigned*)m2l_offsets.data(), (const unsigned*)m2l_list.data(),
+               (const unsigned long long*)m2l_spans.data(), (const unsigned*)m2l_list.data(),
                (const double*)centre.data(), (const double*)multipoles.data(), (int)p,
                locals.data());
         // Downward: every level below the root, top first.
@@ -265,7 +268,7 @@ int main(int argc, char** argv) {
         launch((unsigned)n_leaves, block, p2p_leaves, (const double*)pos.data(),
                (const double*)mass.data(), (const unsigned*)begin.data(),
                (const unsigned*)end.data(), (const double*)centre.data(),
-               (const unsigned*)leaves.data(), (const unsigned*)p2p_offsets.data(),
+               (const unsigned*)leaves.data(), (const unsigned long long*)p2p_spans.data(),
                (const unsigned*)p2p_list.data(), (int)kernel, eps2, h, g, acc.data(), pot.data());
         put(out, acc);
         put(out, pot);

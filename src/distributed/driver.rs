@@ -337,13 +337,14 @@ impl<C: Communicator> DistributedFmm<C> {
                 &mut particles.pot,
             )?,
             Some(device) => {
-                let (plan, mut stats) =
+                let mut stats =
                     self.solver
                         .plan_with(&particles.pos, &particles.mass, &particles.id, with)?;
+                let plan = self.solver.device_plan()?;
                 let caps = self.solver.caps().unwrap_or_default();
                 let forces = device.run_passes(&plan, &caps, settings.softening, settings.g)?;
                 forces.write_to(
-                    &plan.order_of,
+                    plan.order_of,
                     active,
                     &mut particles.acc,
                     &mut particles.pot,

@@ -200,10 +200,7 @@ struct PairList {
 
 impl PairList {
     fn of(&self, target: usize) -> impl ExactSizeIterator<Item = u32> + Clone + '_ {
-        let (start, len) = unpack(self.spans[target]);
-        self.sources[start as usize..(start + len) as usize]
-            .iter()
-            .copied()
+        span(self.spans[target], &self.sources).iter().copied()
     }
 
     fn len_of(&self, target: usize) -> usize {
@@ -401,20 +398,23 @@ impl FmmSolver {
         pos: &[[f64; 3]],
         mass: &[f64],
         id: &[u64],
-    ) -> Result<(DevicePlan, FmmStats), GravityError> {
-        self.plan_with(pos, mass, id, Evaluation::default())
+    ) -> Result<(DevicePlan<'_>, FmmStats), GravityError> {
+        let stats = self.plan_with(pos, mass, id, Evaluation::default())?;
+        Ok((self.device_plan()?, stats))
     }
 
-    /// `plan` with the options of `with`. On a rank of a distributed evaluation
-    /// (`with.remote`) the host computes the multipoles, which the exchange needs anyway,
-    /// and they travel in the plan with the other ranks' cells and particles.
+    /// `plan` with the options of `with`, leaving the plan in the solver for `device_plan`
+    /// (which borrows it, so the caller can read the caps and settings the plan was made
+    /// with first). On a rank of a distributed evaluation (`with.remote`) the host computes
+    /// the multipoles, which the exchange needs anyway, and they travel in the plan with the
+    /// other ranks' cells and particles.
     pub fn plan_with(
         &mut self,
         pos: &[[f64; 3]],
         mass: &[f64],
         id: &[u64],
         with: Evaluation,
-    ) -> Result<(DevicePlan, FmmStats), GravityError> {
+    ) -> Result<FmmStats, GravityError> {
         let mut stats = FmmStats::default();
         let (host_upward, some) = (with.remote.is_some(), with.active.is_some());
         self.build_lists(pos, mass, id, with, host_upward, &mut stats)?;
@@ -422,12 +422,7 @@ impl FmmSolver {
             self.tracker.settle(&stats.used);
             self.record_presets(pos.len());
         }
-        let plan = self.device_plan().ok_or_else(|| {
-            GravityError::Device(
-                "a device plan needs at least one particle and one softening length for all".into(),
-            )
-        })?;
-        Ok((plan, stats))
+        Ok(stats)
     }
 
     /// Builds the tree (with multipoles when `host_upward`, which an exchange with other
@@ -829,16 +824,18 @@ impl FmmSolver {
 
 /// What a device needs to run the FMM passes of the last evaluation (design §7: the tree and
 /// the lists are built on the host and copied over in one transfer): the sorted particles,
-/// the cells, and the M2L and P2P lists in the order the CPU walks them.
-#[derive(Debug, Clone, Default)]
-pub struct DevicePlan {
+/// the cells, and the M2L and P2P lists as the walk left them. It borrows the solver's own
+/// arrays (particles, leaves, lists), so making one copies only the per-cell columns and
+/// the leaf of each particle.
+#[derive(Debug, Clone)]
+pub struct DevicePlan<'a> {
     /// Expansion order.
     pub order: usize,
     /// Particle positions in tree order: the rank's own, then those that came with other
     /// ranks' cells (sources only).
-    pub pos: Vec<[f64; 3]>,
+    pub pos: &'a [[f64; 3]],
     /// Masses in the same order.
-    pub mass: Vec<f64>,
+    pub mass: &'a [f64],
     /// The rank's own particles (the first of `pos`), which receive forces.
     pub own_particles: usize,
     /// The rank's own cells (the first of the cell arrays); the others came from other
@@ -846,9 +843,9 @@ pub struct DevicePlan {
     pub own_cells: usize,
     /// Every cell's multipole (`(order + 1) (order + 2)` values each) when the host computed
     /// them (a distributed evaluation); `None`: the device computes them (P2M, M2M).
-    pub multipoles: Option<Vec<f64>>,
+    pub multipoles: Option<&'a [f64]>,
     /// Tree order → the caller's index (own particles).
-    pub order_of: Vec<u32>,
+    pub order_of: &'a [u32],
     /// Expansion centre of each cell (own and received).
     pub centre: Vec<[f64; 3]>,
     /// First particle of each cell.
@@ -864,75 +861,94 @@ pub struct DevicePlan {
     /// Own cells of level l: `level_start[l]..level_start[l + 1]`.
     pub level_start: Vec<u32>,
     /// Own leaf cells, in particle order.
-    pub leaves: Vec<u32>,
+    pub leaves: &'a [u32],
     /// The leaf of each own particle (tree order).
     pub leaf_of: Vec<u32>,
-    /// M2L sources of own cell c: `m2l_list[m2l_offsets[c]..m2l_offsets[c + 1]]`.
-    pub m2l_offsets: Vec<u32>,
-    /// See `m2l_offsets`.
-    pub m2l_list: Vec<u32>,
-    /// P2P sources of `leaves[k]`: `p2p_list[p2p_offsets[k]..p2p_offsets[k + 1]]`.
-    pub p2p_offsets: Vec<u32>,
-    /// See `p2p_offsets`.
-    pub p2p_list: Vec<u32>,
+    /// M2L sources of own cell c: `m2l_sources[start..start + len]` with
+    /// `(start, len) = unpack(m2l_spans[c])` (the high and low 32 bits). The walk writes each
+    /// cell's sources in one piece, wherever its thread found room, so the spans are in no
+    /// particular order, while each cell's sources are in increasing index.
+    pub m2l_spans: &'a [u64],
+    /// See `m2l_spans`: every entry belongs to one cell's span.
+    pub m2l_sources: &'a [u32],
+    /// P2P source leaves of own leaf c (self included), as `m2l_spans` (indexed by cell).
+    pub p2p_spans: &'a [u64],
+    /// See `p2p_spans`.
+    pub p2p_sources: &'a [u32],
 }
 
-impl DevicePlan {
+impl DevicePlan<'_> {
+    /// The M2L sources of own cell `c`.
+    pub fn m2l_of(&self, c: usize) -> &[u32] {
+        span(self.m2l_spans[c], self.m2l_sources)
+    }
+
+    /// The P2P source leaves of own leaf `c` (a cell index).
+    pub fn p2p_of(&self, c: usize) -> &[u32] {
+        span(self.p2p_spans[c], self.p2p_sources)
+    }
+
     /// Particle pairs the P2P lists make (self-pairs of a leaf included).
     pub fn p2p_interactions(&self) -> u64 {
         let count = |c: u32| u64::from(self.end[c as usize] - self.begin[c as usize]);
         self.leaves
             .iter()
-            .enumerate()
-            .map(|(k, &leaf)| {
-                let (lo, hi) = (self.p2p_offsets[k], self.p2p_offsets[k + 1]);
-                let sources: u64 = self.p2p_list[lo as usize..hi as usize]
-                    .iter()
-                    .map(|&c| count(c))
-                    .sum();
+            .map(|&leaf| {
+                let sources: u64 = self.p2p_of(leaf as usize).iter().map(|&c| count(c)).sum();
                 count(leaf) * sources
             })
             .sum()
     }
 }
 
+/// Why there is no device plan.
+fn no_device_plan() -> GravityError {
+    GravityError::Device(
+        "a device plan needs at least one particle and one softening length for all".into(),
+    )
+}
+
+/// The entries of `sources` that `packed` (`pack(start, len)`) names.
+fn span(packed: u64, sources: &[u32]) -> &[u32] {
+    let (start, len) = unpack(packed);
+    &sources[start as usize..(start + len) as usize]
+}
+
 impl FmmSolver {
-    /// The device plan of the last evaluation or plan (one softening length for all;
-    /// `None` otherwise or before any evaluation). With other ranks' cells appended it
-    /// carries the host's multipoles.
-    pub fn device_plan(&self) -> Option<DevicePlan> {
+    /// The device plan of the last evaluation or plan (an error for one with a softening
+    /// length per particle, or before any). With other ranks' cells appended it carries
+    /// the host's multipoles.
+    pub fn device_plan(&self) -> Result<DevicePlan<'_>, GravityError> {
         let tree = &self.tree;
         let cells = tree.own_cells;
         if cells == 0 || !tree.eps.is_empty() {
-            return None;
+            return Err(no_device_plan());
         }
         let remote = tree.cells.len() > cells;
         let all = &tree.cells;
+        // Leaves are in particle order and cover the own particles: each fills its range.
         let mut leaf_of = vec![0u32; tree.own_particles];
+        let mut rest = leaf_of.as_mut_slice();
+        let mut ranges = Vec::with_capacity(tree.leaves.len());
         for &leaf in &tree.leaves {
-            let c = &tree.cells[leaf as usize];
-            leaf_of[c.begin as usize..c.end as usize].fill(leaf);
+            let c = &all[leaf as usize];
+            debug_assert_eq!(c.begin as usize, tree.own_particles - rest.len());
+            let (range, tail) = rest.split_at_mut((c.end - c.begin) as usize);
+            ranges.push((range, leaf));
+            rest = tail;
         }
-        let m2l_list: Vec<u32> = (0..cells).flat_map(|c| self.m2l.of(c)).collect();
-        let mut m2l_offsets = Vec::with_capacity(cells + 1);
-        m2l_offsets.push(0u32);
-        for c in 0..cells {
-            m2l_offsets.push(m2l_offsets[c] + self.m2l.len_of(c) as u32);
-        }
-        let mut p2p_offsets = vec![0u32];
-        let mut p2p_list = Vec::new();
-        for &leaf in &tree.leaves {
-            p2p_list.extend(self.p2p.of(leaf as usize));
-            p2p_offsets.push(p2p_list.len() as u32);
-        }
-        Some(DevicePlan {
+        ranges
+            .into_par_iter()
+            .with_min_len(64)
+            .for_each(|(range, leaf)| range.fill(leaf));
+        Ok(DevicePlan {
             order: self.settings.order,
-            pos: tree.pos.clone(),
-            mass: tree.mass.clone(),
+            pos: &tree.pos,
+            mass: &tree.mass,
             own_particles: tree.own_particles,
             own_cells: cells,
-            multipoles: remote.then(|| self.multipoles.clone()),
-            order_of: tree.order.clone(),
+            multipoles: remote.then_some(self.multipoles.as_slice()),
+            order_of: &tree.order,
             centre: all.iter().map(|c| c.centre).collect(),
             begin: all.iter().map(|c| c.begin).collect(),
             end: all.iter().map(|c| c.end).collect(),
@@ -940,12 +956,12 @@ impl FmmSolver {
             child_count: all.iter().map(|c| u32::from(c.child_count)).collect(),
             parent: all.iter().map(|c| c.parent).collect(),
             level_start: tree.level_start.iter().map(|&l| l as u32).collect(),
-            leaves: tree.leaves.clone(),
+            leaves: &tree.leaves,
             leaf_of,
-            m2l_offsets,
-            m2l_list,
-            p2p_offsets,
-            p2p_list,
+            m2l_spans: &self.m2l.spans,
+            m2l_sources: &self.m2l.sources,
+            p2p_spans: &self.p2p.spans,
+            p2p_sources: &self.p2p.sources,
         })
     }
 }

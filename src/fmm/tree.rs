@@ -298,7 +298,10 @@ impl Tree {
             let (lo, hi) = (self.level_start[level], self.level_start[level + 1]);
             let (done, rest) = self.cells.split_at_mut(hi);
             let (_, this_level) = done.split_at_mut(lo);
-            let children: &[Cell] = rest;
+            let deeper = Deeper {
+                cells: rest,
+                first: hi,
+            };
             let (pos, mass) = (&self.pos, &self.mass);
             this_level.par_iter_mut().for_each(|cell| {
                 let (b, e) = (cell.begin as usize, cell.end as usize);
@@ -316,7 +319,7 @@ impl Tree {
                     let mut m = 0.0;
                     let mut s = [0.0; 3];
                     for ch in cell.children() {
-                        let child = &children[ch as usize - hi];
+                        let child = deeper.get(ch);
                         m += child.mass;
                         for k in 0..3 {
                             s[k] += child.mass * child.centre[k];
@@ -328,19 +331,81 @@ impl Tree {
                 // Geometry in f32-representable values: other ranks receive it in f32 and
                 // must see the same bits as the owner (their walks decide alike on it).
                 cell.centre = [c[0] / m, c[1] / m, c[2] / m].map(|v| f64::from(v as f32));
-                let mut r2: f64 = 0.0;
-                for x in &pos[b..e] {
-                    let d = [
-                        x[0] - cell.centre[0],
-                        x[1] - cell.centre[1],
-                        x[2] - cell.centre[2],
-                    ];
-                    r2 = r2.max(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]);
-                }
+                let r2 = if cell.is_leaf() {
+                    farthest_r2(cell.centre, &pos[b..e], 0.0)
+                } else {
+                    deeper.farthest_r2(cell, pos)
+                };
                 cell.r_max = f32_at_least(r2.sqrt());
             });
         }
     }
+}
+
+/// The cells below the level `compute_moments` is working on (their moments are final).
+struct Deeper<'a> {
+    cells: &'a [Cell],
+    /// Index of `cells[0]` in the tree.
+    first: usize,
+}
+
+/// Relative slack on the bound that lets `Deeper::farthest_r2` skip a subtree: far above
+/// the rounding of the distances, so a skipped particle is never the farthest.
+const BOUND_SLACK: f64 = 1e-9;
+
+impl Deeper<'_> {
+    fn get(&self, cell: u32) -> &Cell {
+        &self.cells[cell as usize - self.first]
+    }
+
+    /// The largest squared distance of `cell`'s particles from its centre: a branch and
+    /// bound over its subtree that scans only the leaves whose bounding sphere reaches past
+    /// the farthest particle found so far (nearest-bound-last, so the farthest are found
+    /// first). The same value as scanning every particle, at a fraction of the cost: a scan
+    /// per level would read every particle once per level.
+    fn farthest_r2(&self, cell: &Cell, pos: &[[f64; 3]]) -> f64 {
+        let centre = cell.centre;
+        let mut best: f64 = 0.0;
+        let mut stack: Vec<(f64, u32)> = Vec::with_capacity(64);
+        let push_children = |parent: &Cell, stack: &mut Vec<(f64, u32)>| {
+            let start = stack.len();
+            for ch in parent.children() {
+                let c = self.get(ch);
+                let d = distance(c.centre, centre);
+                stack.push(((d + c.r_max) * (1.0 + BOUND_SLACK), ch));
+            }
+            stack[start..].sort_unstable_by(|a, b| a.0.total_cmp(&b.0));
+        };
+        push_children(cell, &mut stack);
+        while let Some((bound, ch)) = stack.pop() {
+            if bound * bound <= best {
+                continue;
+            }
+            let c = self.get(ch);
+            if c.is_leaf() {
+                best = farthest_r2(centre, &pos[c.begin as usize..c.end as usize], best);
+            } else {
+                push_children(c, &mut stack);
+            }
+        }
+        best
+    }
+}
+
+/// The largest of `start` and the squared distances of `pos` from `centre`.
+fn farthest_r2(centre: [f64; 3], pos: &[[f64; 3]], start: f64) -> f64 {
+    let mut r2 = start;
+    for x in pos {
+        let d = [x[0] - centre[0], x[1] - centre[1], x[2] - centre[2]];
+        r2 = r2.max(d[0] * d[0] + d[1] * d[1] + d[2] * d[2]);
+    }
+    r2
+}
+
+/// Euclidean distance.
+fn distance(a: [f64; 3], b: [f64; 3]) -> f64 {
+    let d = [a[0] - b[0], a[1] - b[1], a[2] - b[2]];
+    (d[0] * d[0] + d[1] * d[1] + d[2] * d[2]).sqrt()
 }
 
 /// Bits of a position coordinate as other ranks receive it (sign included): a rounding of

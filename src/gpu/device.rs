@@ -159,11 +159,11 @@ struct Buffers {
     parent: Reused<u32>,
     all: Reused<u32>,
     parents: Reused<u32>,
-    m2l_offsets: Reused<u32>,
-    m2l_list: Reused<u32>,
+    m2l_sources: Reused<u32>,
     leaves: Reused<u32>,
-    p2p_offsets: Reused<u32>,
-    p2p_list: Reused<u32>,
+    p2p_sources: Reused<u32>,
+    m2l_spans: Reused<u64>,
+    p2p_spans: Reused<u64>,
     /// Host side: where each level's cells with children start in `parents`, and how many
     /// (the per-level M2M launches of the last uploaded plan).
     parent_levels: Vec<(usize, usize)>,
@@ -182,12 +182,11 @@ impl Buffers {
             parent,
             all,
             parents,
-            m2l_offsets,
-            m2l_list,
+            m2l_sources,
             leaves,
-            p2p_offsets,
-            p2p_list,
+            p2p_sources,
         ] = lengths.u32_counts();
+        let [m2l_spans, p2p_spans] = lengths.u64_counts();
         Ok(Buffers {
             pos: Reused::new(stream, pos)?,
             mass: Reused::new(stream, mass)?,
@@ -205,11 +204,11 @@ impl Buffers {
             parent: Reused::new(stream, parent)?,
             all: Reused::new(stream, all)?,
             parents: Reused::new(stream, parents)?,
-            m2l_offsets: Reused::new(stream, m2l_offsets)?,
-            m2l_list: Reused::new(stream, m2l_list)?,
+            m2l_sources: Reused::new(stream, m2l_sources)?,
             leaves: Reused::new(stream, leaves)?,
-            p2p_offsets: Reused::new(stream, p2p_offsets)?,
-            p2p_list: Reused::new(stream, p2p_list)?,
+            p2p_sources: Reused::new(stream, p2p_sources)?,
+            m2l_spans: Reused::new(stream, m2l_spans)?,
+            p2p_spans: Reused::new(stream, p2p_spans)?,
             parent_levels: Vec::new(),
         })
     }
@@ -238,13 +237,15 @@ impl Buffers {
             &mut self.parent,
             &mut self.all,
             &mut self.parents,
-            &mut self.m2l_offsets,
-            &mut self.m2l_list,
+            &mut self.m2l_sources,
             &mut self.leaves,
-            &mut self.p2p_offsets,
-            &mut self.p2p_list,
+            &mut self.p2p_sources,
         ];
         for (b, count) in u32s.into_iter().zip(lengths.u32_counts()) {
+            b.room(stream, count)?;
+        }
+        let u64s = [&mut self.m2l_spans, &mut self.p2p_spans];
+        for (b, count) in u64s.into_iter().zip(lengths.u64_counts()) {
             b.room(stream, count)?;
         }
         Ok(())
@@ -343,8 +344,8 @@ impl GpuFmm {
         let t = Instant::now();
         let stream = self.stream.clone();
         let b = upload_plan(&stream, &mut self.buffers, plan, caps)?;
-        b.pos.upload(&stream, &flat(&plan.pos))?;
-        b.mass.upload(&stream, &plan.mass)?;
+        b.pos.upload(&stream, plan.pos.as_flattened())?;
+        b.mass.upload(&stream, plan.mass)?;
         stream.synchronize()?;
         secs.upload = t.elapsed().as_secs_f64();
         run_passes(&self.kernels, &stream, b, plan, softening, g, &mut secs)?;
@@ -384,7 +385,7 @@ impl GpuFmm {
         let t = Instant::now();
         let stream = self.stream.clone();
         let b = upload_plan(&stream, &mut self.buffers, plan, caps)?;
-        b.order_of.upload(&stream, &plan.order_of)?;
+        b.order_of.upload(&stream, plan.order_of)?;
         let n32 = n as u32;
         let mut launch = stream.launch_builder(&self.kernels.gather);
         launch
@@ -589,18 +590,18 @@ fn upload_plan<'a>(
         }
         none => none.insert(Buffers::new(&stream, &lengths)?),
     };
-    b.centre.upload(&stream, &flat(&plan.centre))?;
+    b.centre.upload(&stream, plan.centre.as_flattened())?;
     b.begin.upload(&stream, &plan.begin)?;
     b.end.upload(&stream, &plan.end)?;
     b.first_child.upload(&stream, &plan.first_child)?;
     b.child_count.upload(&stream, &plan.child_count)?;
     b.parent.upload(&stream, &plan.parent)?;
-    b.leaves.upload(&stream, &plan.leaves)?;
+    b.leaves.upload(&stream, plan.leaves)?;
     b.leaf_of.upload(&stream, &plan.leaf_of)?;
-    b.m2l_offsets.upload(&stream, &plan.m2l_offsets)?;
-    b.m2l_list.upload(&stream, &plan.m2l_list)?;
-    b.p2p_offsets.upload(&stream, &plan.p2p_offsets)?;
-    b.p2p_list.upload(&stream, &plan.p2p_list)?;
+    b.m2l_spans.upload(&stream, plan.m2l_spans)?;
+    b.m2l_sources.upload(&stream, plan.m2l_sources)?;
+    b.p2p_spans.upload(&stream, plan.p2p_spans)?;
+    b.p2p_sources.upload(&stream, plan.p2p_sources)?;
     let all: Vec<u32> = (0..cells as u32).collect();
     b.all.upload(&stream, &all)?;
     let (parents, parent_levels) = parents_by_level(plan);
@@ -654,8 +655,8 @@ fn run_passes(
     launch
         .arg(&b.all.buf)
         .arg(&cells32)
-        .arg(&b.m2l_offsets.buf)
-        .arg(&b.m2l_list.buf)
+        .arg(&b.m2l_spans.buf)
+        .arg(&b.m2l_sources.buf)
         .arg(&b.centre.buf);
     launch.arg(&b.multipoles.buf).arg(&p).arg(&mut b.locals.buf);
     // SAFETY: the arguments match m2l_cells's signature and the buffers' sizes.
@@ -714,8 +715,8 @@ fn run_passes(
         .arg(&b.centre.buf)
         .arg(&b.leaves.buf);
     launch
-        .arg(&b.p2p_offsets.buf)
-        .arg(&b.p2p_list.buf)
+        .arg(&b.p2p_spans.buf)
+        .arg(&b.p2p_sources.buf)
         .arg(&kernel)
         .arg(&eps2)
         .arg(&h)

@@ -13,7 +13,9 @@ use crate::integrate::diagnostics::CONSERVED_SUMS;
 /// Number of f64 buffers (`DeviceLengths::f64_counts`).
 pub const F64_BUFFERS: usize = 7;
 /// Number of u32 buffers (`DeviceLengths::u32_counts`).
-pub const U32_BUFFERS: usize = 14;
+pub const U32_BUFFERS: usize = 12;
+/// Number of u64 buffers (`DeviceLengths::u64_counts`).
+pub const U64_BUFFERS: usize = 2;
 /// Number of f64 buffers of the resident state (`resident_f64_counts`).
 pub const RESIDENT_BUFFERS: usize = 7;
 
@@ -70,8 +72,8 @@ impl DeviceLengths {
         DeviceLengths {
             particles: plan.pos.len(),
             cells,
-            m2l: plan.m2l_list.len().max(caps.m2l_pairs),
-            p2p: plan.p2p_list.len().max(caps.p2p_pairs),
+            m2l: plan.m2l_sources.len().max(caps.m2l_pairs),
+            p2p: plan.p2p_sources.len().max(caps.p2p_pairs),
             expansion: (plan.order + 1) * (plan.order + 2),
         }
     }
@@ -93,11 +95,11 @@ impl DeviceLengths {
     }
 
     /// Element counts of the u32 buffers, in the order `GpuFmm` keeps them: the leaf of
-    /// each particle and its index in the run's order; per cell its particle range, first child, child count, parent, its
-    /// own index (the per-level launches' cell lists), the parents by level, M2L offsets;
-    /// the M2L list; the leaves, their P2P offsets and the P2P list (as many leaf slots as
-    /// cells: a leaf is a cell, and the leaf count changes from step to step while the
-    /// cells' cap does not).
+    /// each particle and its index in the run's order; per cell its particle range, first
+    /// child, child count, parent, its own index (the per-level launches' cell lists), the
+    /// parents by level; the M2L sources; the leaves (as many slots as cells: a leaf is a
+    /// cell, and the leaf count changes from step to step while the cells' cap does not);
+    /// the P2P sources.
     pub fn u32_counts(&self) -> [usize; U32_BUFFERS] {
         let c = self.cells;
         [
@@ -110,17 +112,23 @@ impl DeviceLengths {
             c,
             c,
             c,
-            c + 1,
             self.m2l,
             c,
-            c + 1,
             self.p2p,
         ]
     }
 
+    /// Element counts of the u64 buffers: per cell, where its M2L sources and its P2P
+    /// sources are (`DevicePlan::m2l_spans`, `p2p_spans`).
+    pub fn u64_counts(&self) -> [usize; U64_BUFFERS] {
+        [self.cells, self.cells]
+    }
+
     /// Bytes of device memory the buffers take.
     pub fn bytes(&self) -> usize {
-        8 * self.f64_counts().iter().sum::<usize>() + 4 * self.u32_counts().iter().sum::<usize>()
+        8 * self.f64_counts().iter().sum::<usize>()
+            + 4 * self.u32_counts().iter().sum::<usize>()
+            + 8 * self.u64_counts().iter().sum::<usize>()
     }
 
     /// Bytes of device memory per particle of a run: the evaluation's buffers and the
@@ -143,14 +151,14 @@ mod tests {
             p2p: 5,
             expansion: 6,
         };
-        // f64: 30 + 10 + 30 + 10 + 9 + 18 + 18 = 125; u32: 2 * 10 + 7 * 3 + 4 + 4 + 3 + 4 + 5
-        // = 61.
-        assert_eq!(l.bytes(), 8 * 125 + 4 * 61);
+        // f64: 30 + 10 + 30 + 10 + 9 + 18 + 18 = 125; u32: 2 * 10 + 7 * 3 + 4 + 3 + 5 = 53;
+        // u64: 3 + 3.
+        assert_eq!(l.bytes(), 8 * 125 + 4 * 53 + 8 * 6);
         // Resident: 30 + 30 + 10 + 30 + 10 + 4 + 12 f64 and 10 component bytes.
         assert_eq!(resident_bytes(10), 8 * 126 + 10);
         assert_eq!(
             l.bytes_per_particle(),
-            (8 * 125 + 4 * 61 + 8 * 126 + 10) as f64 / 10.0
+            (8 * 125 + 4 * 53 + 8 * 6 + 8 * 126 + 10) as f64 / 10.0
         );
     }
 }

@@ -38,12 +38,13 @@ impl GpuSolver {
     }
 
     /// The host's tree and lists for `particles` (positions as they are now), the lists
-    /// only for the cells holding `active` particles when given.
+    /// only for the cells holding `active` particles when given; `host.device_plan()`
+    /// then hands them out.
     fn plan(
         &mut self,
         particles: &Particles,
         active: Option<&[bool]>,
-    ) -> Result<(DevicePlan, FmmStats), GravityError> {
+    ) -> Result<FmmStats, GravityError> {
         check_finite(particles)?;
         let with = Evaluation {
             active,
@@ -67,7 +68,8 @@ impl GpuSolver {
         if n == 0 {
             return Ok(no_work());
         }
-        let (plan, stats) = self.plan(particles, active)?;
+        let stats = self.plan(particles, active)?;
+        let plan = self.host.device_plan()?;
         let settings = self.host.settings();
         let caps = self.host.caps().unwrap_or_default();
         let out = self
@@ -75,7 +77,7 @@ impl GpuSolver {
             .evaluate(&plan, &caps, settings.softening, settings.g)
             .map_err(device_error)?;
         out.write_to(
-            &plan.order_of,
+            plan.order_of,
             active,
             &mut particles.acc,
             &mut particles.pot,
@@ -165,7 +167,8 @@ impl ResidentState for GpuSolver {
         self.device
             .positions(state, &mut particles.pos)
             .map_err(device_error)?;
-        let (plan, stats) = self.plan(particles, None)?;
+        let stats = self.plan(particles, None)?;
+        let plan = self.host.device_plan()?;
         let settings = self.host.settings();
         let caps = self.host.caps().unwrap_or_default();
         let state = self.state.as_mut().ok_or_else(not_loaded)?;
