@@ -404,8 +404,8 @@ impl FmmSolver {
     }
 
     /// `plan` with the options of `with`, leaving the plan in the solver for `device_plan`
-    /// (which borrows it, so the caller can read the caps and settings the plan was made
-    /// with first). On a rank of a distributed evaluation (`with.remote`) the host computes
+    /// (a shared borrow, so the caller can read the caps and settings alongside the plan).
+    /// On a rank of a distributed evaluation (`with.remote`) the host computes
     /// the multipoles, which the exchange needs anyway, and they travel in the plan with the
     /// other ranks' cells and particles.
     pub fn plan_with(
