@@ -169,6 +169,9 @@ impl Tree {
         self.build_cells(leaf_size.max(1), cells_cap)
     }
 
+    /// Splits the cells level by level: every cell of a level finds its children's particle
+    /// ranges in parallel, then the children are numbered in the order of their parents
+    /// (breadth first, the numbering a serial split gives).
     fn build_cells(&mut self, leaf_size: usize, cap: usize) -> Result<(), CellsOverflow> {
         self.cells.clear();
         self.level_start.clear();
@@ -183,39 +186,43 @@ impl Tree {
             ..Cell::default()
         });
         self.level_start.push(0);
-        let mut i = 0;
-        while i < self.cells.len() {
-            let cell = self.cells[i];
-            let level = cell.level as u32;
-            if cell.count() > leaf_size && level < MAX_LEVEL {
-                let first = self.cells.len();
-                if self.level_start.len() == cell.level as usize + 1 {
-                    self.level_start.push(first);
-                }
-                let keys = &self.keys[cell.begin as usize..cell.end as usize];
-                let mut start = 0;
-                let mut children = 0u8;
-                for d in 0..8u64 {
-                    let stop = start + keys[start..].partition_point(|&k| digit(k, level + 1) <= d);
-                    if stop > start {
-                        if self.cells.len() == cap {
-                            return Err(CellsOverflow { needed: cap + 1 });
-                        }
-                        self.cells.push(Cell {
-                            begin: cell.begin + start as u32,
-                            end: cell.begin + stop as u32,
-                            level: cell.level + 1,
-                            parent: i as u32,
-                            ..Cell::default()
-                        });
-                        children += 1;
-                    }
-                    start = stop;
-                }
-                self.cells[i].first_child = first as u32;
-                self.cells[i].child_count = children;
+        let mut lo = 0;
+        loop {
+            let hi = self.cells.len();
+            let keys = &self.keys;
+            let splits: Vec<Split> = self.cells[lo..hi]
+                .par_iter()
+                .with_min_len(256)
+                .map(|cell| Split::of(cell, keys, leaf_size))
+                .collect();
+            let children: usize = splits.iter().map(|s| s.count as usize).sum();
+            if children == 0 {
+                break;
             }
-            i += 1;
+            if hi + children > cap {
+                return Err(CellsOverflow { needed: cap + 1 });
+            }
+            self.level_start.push(hi);
+            for (i, split) in (lo..hi).zip(&splits) {
+                if split.count == 0 {
+                    continue;
+                }
+                let first = self.cells.len() as u32;
+                let parent = &mut self.cells[i];
+                parent.first_child = first;
+                parent.child_count = split.count;
+                let level = parent.level + 1;
+                for &(begin, end) in &split.ranges[..split.count as usize] {
+                    self.cells.push(Cell {
+                        begin,
+                        end,
+                        level,
+                        parent: i as u32,
+                        ..Cell::default()
+                    });
+                }
+            }
+            lo = hi;
         }
         self.level_start.push(self.cells.len());
         self.own_cells = self.cells.len();
@@ -339,6 +346,39 @@ impl Tree {
                 cell.r_max = f32_at_least(r2.sqrt());
             });
         }
+    }
+}
+
+/// The children a cell splits into: their particle ranges, in octant order.
+struct Split {
+    ranges: [(u32, u32); 8],
+    count: u8,
+}
+
+impl Split {
+    /// The non-empty octants of `cell` (none when it is a leaf: at most `leaf_size`
+    /// particles, or at the deepest level), from the sorted `keys`.
+    fn of(cell: &Cell, keys: &[u64], leaf_size: usize) -> Split {
+        let mut split = Split {
+            ranges: [(0, 0); 8],
+            count: 0,
+        };
+        let level = cell.level as u32;
+        if cell.count() <= leaf_size || level >= MAX_LEVEL {
+            return split;
+        }
+        let keys = &keys[cell.begin as usize..cell.end as usize];
+        let mut start = 0;
+        for d in 0..8u64 {
+            let stop = start + keys[start..].partition_point(|&k| digit(k, level + 1) <= d);
+            if stop > start {
+                split.ranges[split.count as usize] =
+                    (cell.begin + start as u32, cell.begin + stop as u32);
+                split.count += 1;
+            }
+            start = stop;
+        }
+        split
     }
 }
 
