@@ -5,11 +5,14 @@
 //!
 //! Each target cell takes the sources its parent handed down, tests them, opens the sources
 //! that must be opened on the spot, and hands the rest to its children. Every target's
-//! sources are therefore complete at one moment, on one thread: they are sorted there (a
-//! short list in cache) and go to the buffer in one piece, so the lists need no global sort
-//! afterwards (which cost more than the walk itself). The decision for each pair is the one
-//! the symmetric dual-tree walk makes (Dehnen's mutual walk), so the lists hold the same
-//! pairs as that walk's, in the same order, whatever the number of threads.
+//! sources are therefore complete at one moment, on one thread, and go to the buffer in one
+//! piece, so the lists need no global sort afterwards (which cost more than the walk
+//! itself). They come out in increasing cell index without sorting: the handed sources and
+//! the children of opened ones are taken smallest first, and the tree numbers cells breadth
+//! first with children in their parents' order, so an opened cell's children come after
+//! everything taken so far and after the children already waiting. The decision for each
+//! pair is the one the symmetric dual-tree walk makes (Dehnen's mutual walk), so the lists
+//! hold the same pairs as that walk's, in the same order, whatever the number of threads.
 
 use super::caps::CappedBuffer;
 use super::tree::{Cell, Tree};
@@ -144,8 +147,9 @@ impl Batch {
 /// One task's working lists, reused from target to target.
 #[derive(Default)]
 struct Scratch {
-    /// Sources still to test against the current target.
-    open: Vec<u32>,
+    /// Children of the sources opened for the current target, in the order they were
+    /// opened (increasing index in a tree numbered breadth first).
+    opened: Vec<u32>,
     m2l: Vec<u32>,
     p2p: Vec<u32>,
     m2l_batch: Batch,
@@ -214,8 +218,9 @@ impl Walker<'_> {
         }
     }
 
-    /// Finds the sources of target `t` among `handed` (and their descendants), writes
-    /// them out, and walks `t`'s children with what `t` could not settle.
+    /// Finds the sources of target `t` among `handed` (increasing cell index) and their
+    /// descendants, writes them out, and walks `t`'s children with what `t` could not
+    /// settle.
     fn visit(&self, t: u32, handed: &[u32], scratch: &mut Scratch) {
         if !self.is_target(t) {
             return;
@@ -223,11 +228,27 @@ impl Walker<'_> {
         let cell = &self.cells[t as usize];
         let mut deferred = Vec::new();
         let mut split_self = false;
-        scratch.open.clear();
-        scratch.open.extend_from_slice(handed);
+        scratch.opened.clear();
         scratch.m2l.clear();
         scratch.p2p.clear();
-        while let Some(s) = scratch.open.pop() {
+        // Merge the handed sources with the children of opened ones, smallest index first.
+        let (mut next_handed, mut next_opened) = (0, 0);
+        loop {
+            let s = match (handed.get(next_handed), scratch.opened.get(next_opened)) {
+                (Some(&h), Some(&o)) if o < h => {
+                    next_opened += 1;
+                    o
+                }
+                (Some(&h), _) => {
+                    next_handed += 1;
+                    h
+                }
+                (None, Some(&o)) => {
+                    next_opened += 1;
+                    o
+                }
+                (None, None) => break,
+            };
             if s == t {
                 if cell.is_leaf() {
                     scratch.p2p.push(t);
@@ -239,16 +260,21 @@ impl Walker<'_> {
             match self.step(t, s) {
                 Step::M2l => scratch.m2l.push(s),
                 Step::P2p => scratch.p2p.push(s),
-                Step::OpenSource => scratch.open.extend(self.cells[s as usize].children()),
+                Step::OpenSource => scratch.opened.extend(self.cells[s as usize].children()),
                 Step::OpenTarget => deferred.push(s),
                 Step::Missing => {}
             }
         }
         // In increasing index, the order the sums have always been taken in: the walk's
         // own order gives other round-off, and the f32 near field's momentum error at
-        // 1e-8 moves with it (only sorting keeps the bits of earlier versions).
-        scratch.m2l.sort_unstable();
-        scratch.p2p.sort_unstable();
+        // 1e-8 moves with it. The merge above yields that order for the rank's own tree;
+        // other ranks' trees are appended in the order they arrived, so their cells may
+        // need the sort.
+        for list in [&mut scratch.m2l, &mut scratch.p2p, &mut deferred] {
+            if !list.is_sorted() {
+                list.sort_unstable();
+            }
+        }
         scratch.m2l_batch.add(t, &scratch.m2l);
         scratch.p2p_batch.add(t, &scratch.p2p);
         if scratch.m2l_batch.sources.len() >= LOCAL_BATCH {
@@ -263,8 +289,10 @@ impl Walker<'_> {
             return;
         }
         if split_self {
-            // The self pair of a cell becomes every pair of its children.
-            deferred.extend(cell.children());
+            // The self pair of a cell becomes every pair of its children, in their place
+            // in the index order.
+            let at = deferred.partition_point(|&d| d < cell.first_child);
+            deferred.splice(at..at, cell.children());
         }
         if cell.count() >= PARALLEL_PARTICLES {
             cell.children()
@@ -313,6 +341,7 @@ pub fn walk(
     if tree.own_particles > 0 {
         let mut roots = vec![0];
         roots.extend_from_slice(remote_roots);
+        roots.sort_unstable();
         let mut scratch = Scratch::default();
         walker.visit(0, &roots, &mut scratch);
         walker.flush(&mut scratch);
