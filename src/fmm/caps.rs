@@ -3,6 +3,7 @@
 //! retried with only the overflowed caps grown, and the caps that worked are carried to the
 //! next evaluation with headroom.
 
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 
@@ -274,7 +275,9 @@ impl CappedBuffer {
     pub fn give_back(&mut self, mut v: Vec<u32>) {
         let capacity = v.capacity();
         v.clear();
-        v.resize(capacity, 0);
+        // Hundreds of MB at 1e7 particles: filled in parallel (a serial fill was a fixed
+        // ~0.02 s of every evaluation, whatever the number of cores).
+        v.par_extend(rayon::iter::repeat_n(0, capacity));
         self.slots = v.into_iter().map(AtomicU32::new).collect();
     }
 }

@@ -566,12 +566,16 @@ impl FmmSolver {
             sources: self.p2p_buf.take(),
             spans: walked.p2p,
         };
-        stats.remote_m2l = self
-            .m2l
-            .sources
-            .iter()
-            .filter(|&&s| s as usize >= cells)
-            .count();
+        // A pass over every entry: only when there are other ranks' cells to count.
+        stats.remote_m2l = if stats.remote_cells == 0 {
+            0
+        } else {
+            self.m2l
+                .sources
+                .par_iter()
+                .filter(|&&s| s as usize >= cells)
+                .count()
+        };
         stats.seconds.traversal += t0.elapsed().as_secs_f64();
         Ok(())
     }
