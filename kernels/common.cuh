@@ -14,12 +14,18 @@ __device__ __forceinline__ void plummer_factors(float r2, float eps2, float* f, 
     *p = inv;
 }
 
-// GADGET-2 cubic-spline factors for squared separation r2 and support h (branch-free over
-// the three regions, as on the CPU).
+// GADGET-2 cubic-spline factors for squared separation r2 and support h: the CPU's
+// formulas for each region, but with a branch to the Newtonian one beyond the support, where
+// most pairs of a P2P list lie: a warp whose pairs all lie there skips the ~40 flops of the
+// polynomials (the CPU evaluates every region and selects, for its SIMD lanes).
 __device__ __forceinline__ void spline_factors(float r2, float h, float* f, float* p) {
     float inv_r = rsqrtf(r2);
     float r = r2 * inv_r;
-    float newton_f = inv_r * inv_r * inv_r;
+    if (r >= h) {
+        *f = inv_r * inv_r * inv_r;
+        *p = inv_r;
+        return;
+    }
     float h_inv = 1.0f / h;
     float h3_inv = h_inv * h_inv * h_inv;
     float u = r * h_inv;
@@ -31,18 +37,6 @@ __device__ __forceinline__ void spline_factors(float r2, float h, float* f, floa
                               - 32.0f / 3.0f * u2 * u - 1.0f / 15.0f * inv_u * inv_u * inv_u);
     float outer_p = -h_inv * (-16.0f / 5.0f + 1.0f / 15.0f * inv_u
                               + u2 * (32.0f / 3.0f + u * (-16.0f + u * (48.0f / 5.0f - 32.0f / 15.0f * u))));
-    float soft_f = u < 0.5f ? inner_f : outer_f;
-    float soft_p = u < 0.5f ? inner_p : outer_p;
-    *f = r >= h ? newton_f : soft_f;
-    *p = r >= h ? inv_r : soft_p;
-}
-
-// Pair factors of the run's kernel family; `eps2` and `h` are its squared Plummer length and
-// spline support.
-__device__ __forceinline__ void pair_factors(int kernel, float r2, float eps2, float h, float* f, float* p) {
-    if (kernel == LEAPFMM_SPLINE && h > 0.0f) {
-        spline_factors(r2, h, f, p);
-    } else {
-        plummer_factors(r2, eps2, f, p);
-    }
+    *f = u < 0.5f ? inner_f : outer_f;
+    *p = u < 0.5f ? inner_p : outer_p;
 }

@@ -3,11 +3,44 @@
 // mixed-precision near field of design §5.7); each thread owns targets threadIdx.x,
 // threadIdx.x + blockDim.x, ... (leaves may be larger than a block), sums one tile in f32
 // and adds the tile's sum into f64 accumulators: a fixed order, so the results are the same
-// bits on every run (no atomics). Zero separations (a particle with itself) are skipped.
+// bits on every run (no atomics). Zero separations (a particle with itself) add nothing.
 #include "common.cuh"
 
 // Largest block: the shared tile holds one source per thread.
 #define P2P_MAX_BLOCK 256
+
+// Adds one staged tile's `n` sources (x, y, z relative to the leaf centre, mass) to a
+// target's f32 sums. The kernel family is a template argument, so the inner loop carries
+// no test of it; each source is one 16-byte shared-memory load, the same for every thread
+// of the warp (a broadcast).
+template <int KERNEL>
+__device__ __forceinline__ void add_tile(const float4* tile, unsigned n, float xi, float yi,
+                                         float zi, float eps2, float h, float* sx, float* sy,
+                                         float* sz, float* sp) {
+    for (unsigned k = 0; k < n; ++k) {
+        const float4 s = tile[k];
+        const float dx = s.x - xi;
+        const float dy = s.y - yi;
+        const float dz = s.z - zi;
+        const float r2 = dx * dx + dy * dy + dz * dz;
+        // A zero separation (the particle itself) adds nothing: its mass is masked to zero
+        // and its r2 replaced by a far one (finite factors, the spline's cheap branch), by
+        // selects rather than a branch around the pair.
+        const bool pair = r2 > 0.0f;
+        const float m = pair ? s.w : 0.0f;
+        float f, p;
+        if (KERNEL == LEAPFMM_SPLINE) {
+            spline_factors(pair ? r2 : 1e30f, h, &f, &p);
+        } else {
+            plummer_factors(pair ? r2 : 1e30f, eps2, &f, &p);
+        }
+        const float mf = m * f;
+        *sx += mf * dx;
+        *sy += mf * dy;
+        *sz += mf * dz;
+        *sp += m * p;
+    }
+}
 
 extern "C" __global__ void p2p_leaves(
     const double* __restrict__ pos,        // 3 per particle, sorted by leaf
@@ -22,10 +55,10 @@ extern "C" __global__ void p2p_leaves(
     double* __restrict__ acc,   // 3 per particle (+=)
     double* __restrict__ pot)   // per particle (+=)
 {
-    __shared__ float tile_x[P2P_MAX_BLOCK];
-    __shared__ float tile_y[P2P_MAX_BLOCK];
-    __shared__ float tile_z[P2P_MAX_BLOCK];
-    __shared__ float tile_m[P2P_MAX_BLOCK];
+    __shared__ float4 tile[P2P_MAX_BLOCK];
+    // The spline needs a positive support; a zero one means Newtonian forces, which the
+    // Plummer form gives with eps2 = 0.
+    const bool spline = kernel == LEAPFMM_SPLINE && h > 0.0f;
 
     const unsigned leaf = targets[blockIdx.x];
     const unsigned t_begin = leaf_begin[leaf];
@@ -57,29 +90,19 @@ extern "C" __global__ void p2p_leaves(
                 const unsigned j = base + threadIdx.x;
                 __syncthreads();
                 if (j < s_end) {
-                    tile_x[threadIdx.x] = (float)(pos[3 * j] - cx);
-                    tile_y[threadIdx.x] = (float)(pos[3 * j + 1] - cy);
-                    tile_z[threadIdx.x] = (float)(pos[3 * j + 2] - cz);
-                    tile_m[threadIdx.x] = (float)mass[j];
+                    tile[threadIdx.x] = make_float4((float)(pos[3 * j] - cx),
+                                                    (float)(pos[3 * j + 1] - cy),
+                                                    (float)(pos[3 * j + 2] - cz),
+                                                    (float)mass[j]);
                 }
                 __syncthreads();
                 const unsigned n = min(width, s_end - base);
                 if (active) {
                     float sx = 0.0f, sy = 0.0f, sz = 0.0f, sp = 0.0f;
-                    for (unsigned k = 0; k < n; ++k) {
-                        const float dx = tile_x[k] - xi;
-                        const float dy = tile_y[k] - yi;
-                        const float dz = tile_z[k] - zi;
-                        const float r2 = dx * dx + dy * dy + dz * dz;
-                        if (r2 > 0.0f) {
-                            float f, p;
-                            pair_factors(kernel, r2, eps2, h, &f, &p);
-                            const float mf = tile_m[k] * f;
-                            sx += mf * dx;
-                            sy += mf * dy;
-                            sz += mf * dz;
-                            sp += tile_m[k] * p;
-                        }
+                    if (spline) {
+                        add_tile<LEAPFMM_SPLINE>(tile, n, xi, yi, zi, eps2, h, &sx, &sy, &sz, &sp);
+                    } else {
+                        add_tile<LEAPFMM_PLUMMER>(tile, n, xi, yi, zi, eps2, h, &sx, &sy, &sz, &sp);
                     }
                     ax += sx;
                     ay += sy;

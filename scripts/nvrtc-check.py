@@ -43,8 +43,10 @@ def compile_one(lib, path, arch, include):
     status = lib.nvrtcCreateProgram(ctypes.byref(prog), source,
                                     os.path.basename(path).encode(), 0, None, None)
     check(lib, status, "nvrtcCreateProgram")
+    # The binary's options (src/gpu/nvrtc.rs: OPTIONS), plus the include path it does not
+    # need (it splices the headers in).
     opts = [f"--gpu-architecture={arch}", f"--include-path={include}", "--std=c++17",
-            "-default-device"]
+            "-ftz=true", "-default-device"]
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     status = lib.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()

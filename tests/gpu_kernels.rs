@@ -139,15 +139,22 @@ fn p2p_kernel_matches_the_cpu_pair_sums() {
     let sizes = [0, 1, 37, 64, 65, 200, 128];
     let l = leaves(&sizes, 11);
     let g = 4.3;
-    for kernel in [SofteningKernel::Spline, SofteningKernel::Plummer] {
-        let softening = Softening {
-            kernel,
-            epsilon: 0.05,
-        };
+    // The two kernel families, and Newtonian forces (zero softening: the particle itself
+    // must not turn into an infinity).
+    for (kernel, epsilon) in [
+        (SofteningKernel::Spline, 0.05),
+        (SofteningKernel::Plummer, 0.05),
+        (SofteningKernel::Plummer, 0.0),
+    ] {
+        let softening = Softening { kernel, epsilon };
         let out = f64s(&run_harness("p2p", &p2p_input(&l, softening, 64, g)));
         let n = l.pos.len();
         let (acc, pot) = out.split_at(3 * n);
         let mut worst: f64 = 0.0;
+        // Pairs inside the spline's inner half, its outer half and beyond its support: the
+        // kernel branches on the last, so each must be exercised.
+        let h = 2.8 * softening.epsilon;
+        let mut regions = [0usize; 3];
         for i in 0..n {
             // The CPU backend's pair function in f64 over every other particle of the leaves
             // up to i's own.
@@ -159,6 +166,7 @@ fn p2p_kernel_matches_the_cpu_pair_sums() {
                 let d: [f64; 3] = std::array::from_fn(|k| l.pos[j][k] - l.pos[i][k]);
                 let r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
                 if r2 > 0.0 {
+                    regions[(r2.sqrt() / (0.5 * h)).min(2.0) as usize] += 1;
                     let (f, q) = softening.factors(r2);
                     for k in 0..3 {
                         a[k] += g * l.mass[j] * f * d[k];
@@ -175,8 +183,19 @@ fn p2p_kernel_matches_the_cpu_pair_sums() {
             let perr = ((pot[i] - p) / p).abs();
             worst = worst.max(err).max(perr);
         }
-        eprintln!("{kernel:?}: worst relative difference {worst:.2e} over {n} particles");
-        assert!(worst < 2e-5, "{kernel:?}: P2P kernel off by {worst:.2e}");
+        if epsilon > 0.0 {
+            assert!(
+                regions.iter().all(|&c| c > 100),
+                "pairs per region {regions:?}"
+            );
+        }
+        eprintln!(
+            "{kernel:?}, ε = {epsilon}: worst relative difference {worst:.2e} over {n} particles (pairs by region {regions:?})"
+        );
+        assert!(
+            worst < 2e-5,
+            "{kernel:?}, ε = {epsilon}: P2P kernel off by {worst:.2e}"
+        );
     }
 }
 
