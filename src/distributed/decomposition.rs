@@ -4,7 +4,7 @@
 //! every rank's tree is a set of subtrees of one global tree.
 
 use super::comm::{CommError, Communicator, allreduce_max, allreduce_sum, alltoallv};
-use crate::fmm::morton::{BITS, BoundingCube};
+use crate::fmm::morton::{BITS, BoundingCube, extremes};
 use crate::particles::{Component, Particles};
 use bytemuck::{Pod, Zeroable};
 use rayon::prelude::*;
@@ -33,13 +33,8 @@ impl Domains {
 
 /// The cube around every rank's particles.
 pub fn global_cube(comm: &dyn Communicator, pos: &[[f64; 3]]) -> Result<BoundingCube, CommError> {
-    let mut ext = [f64::MIN; 6];
-    for x in pos {
-        for k in 0..3 {
-            ext[k] = ext[k].max(-x[k]);
-            ext[k + 3] = ext[k + 3].max(x[k]);
-        }
-    }
+    let (lo, hi) = extremes(pos);
+    let ext = [-lo[0], -lo[1], -lo[2], hi[0], hi[1], hi[2]];
     let e = allreduce_max(comm, &ext)?;
     if e[0] == f64::MIN {
         return Ok(BoundingCube::around([0.0; 3], [0.0; 3]));

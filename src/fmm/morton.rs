@@ -1,6 +1,8 @@
 //! Morton (Z-order) keys: 21 bits per axis interleaved into a 63-bit key, so that sorting by
 //! key groups particles by octree cell at every level.
 
+use rayon::prelude::*;
+
 /// Bits per axis.
 pub const BITS: u32 = 21;
 /// Deepest octree level a key resolves.
@@ -48,6 +50,56 @@ impl BoundingCube {
         let q = |k: usize| (((x[k] - self.lo[k]) * scale) as i64).clamp(0, max as i64) as u64;
         spread(q(2)) | (spread(q(1)) << 1) | (spread(q(0)) << 2)
     }
+}
+
+/// The smallest and largest coordinate along each axis over `pos` ([f64::MAX; 3] and
+/// [f64::MIN; 3] for none; NaNs ignored), in parallel; a min/max reduction, so independent
+/// of the order and the number of threads.
+pub fn extremes(pos: &[[f64; 3]]) -> ([f64; 3], [f64; 3]) {
+    pos.par_chunks(1 << 14)
+        .map(|chunk| {
+            // Four running extremes per coordinate, taken in turn: with one, every
+            // comparison waits for the previous one (0.054 s at 1e7 on 2 cores, against
+            // 0.012 s to read the positions). A NaN never replaces an extreme, as with
+            // `f64::min`.
+            let (mut lo, mut hi) = ([[f64::MAX; 3]; 4], [[f64::MIN; 3]; 4]);
+            let mut quads = chunk.chunks_exact(4);
+            for quad in &mut quads {
+                for (j, x) in quad.iter().enumerate() {
+                    for k in 0..3 {
+                        if x[k] < lo[j][k] {
+                            lo[j][k] = x[k];
+                        }
+                        if x[k] > hi[j][k] {
+                            hi[j][k] = x[k];
+                        }
+                    }
+                }
+            }
+            for x in quads.remainder() {
+                for k in 0..3 {
+                    lo[0][k] = lo[0][k].min(x[k]);
+                    hi[0][k] = hi[0][k].max(x[k]);
+                }
+            }
+            let (mut l, mut h) = (lo[0], hi[0]);
+            for j in 1..4 {
+                for k in 0..3 {
+                    l[k] = l[k].min(lo[j][k]);
+                    h[k] = h[k].max(hi[j][k]);
+                }
+            }
+            (l, h)
+        })
+        .reduce(
+            || ([f64::MAX; 3], [f64::MIN; 3]),
+            |a, b| {
+                (
+                    [a.0[0].min(b.0[0]), a.0[1].min(b.0[1]), a.0[2].min(b.0[2])],
+                    [a.1[0].max(b.1[0]), a.1[1].max(b.1[1]), a.1[2].max(b.1[2])],
+                )
+            },
+        )
 }
 
 /// Spreads the low 21 bits of `v` so that bit i moves to bit 3i.

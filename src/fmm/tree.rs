@@ -3,7 +3,7 @@
 //! level by level (breadth first) with the children of a cell contiguous, so every pass can
 //! run one level at a time in parallel.
 
-use super::morton::{BoundingCube, MAX_LEVEL, digit};
+use super::morton::{BoundingCube, MAX_LEVEL, digit, extremes};
 use rayon::prelude::*;
 
 /// One octree cell.
@@ -102,27 +102,7 @@ pub struct CellsOverflow {
 impl Tree {
     /// The smallest cube around `pos` (min/max reductions: independent of order and threads).
     pub fn bounding_cube(pos: &[[f64; 3]]) -> BoundingCube {
-        let (lo, hi) = pos
-            .par_iter()
-            .fold(
-                || ([f64::MAX; 3], [f64::MIN; 3]),
-                |(mut lo, mut hi), x| {
-                    for k in 0..3 {
-                        lo[k] = lo[k].min(x[k]);
-                        hi[k] = hi[k].max(x[k]);
-                    }
-                    (lo, hi)
-                },
-            )
-            .reduce(
-                || ([f64::MAX; 3], [f64::MIN; 3]),
-                |a, b| {
-                    (
-                        [a.0[0].min(b.0[0]), a.0[1].min(b.0[1]), a.0[2].min(b.0[2])],
-                        [a.1[0].max(b.1[0]), a.1[1].max(b.1[1]), a.1[2].max(b.1[2])],
-                    )
-                },
-            );
+        let (lo, hi) = extremes(pos);
         BoundingCube::around(lo, hi)
     }
 
@@ -494,6 +474,31 @@ fn f32_at_least(x: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bounding_cube_is_that_of_the_extremes_whatever_the_count() {
+        // Counts around the four-way unrolling and the chunk length, each extreme placed
+        // at a different position (first, last, in the remainder of a chunk).
+        for n in [1, 3, 4, 5, 4099, (1 << 14) + 7, 3 * (1 << 14) + 2] {
+            let (mut pos, _, _) = cloud(n);
+            pos[0][0] = -5.0;
+            pos[n - 1][1] = 7.0;
+            pos[n / 2][2] = -3.0;
+            pos[n - 1 - n / 3][2] = 4.0;
+            let (mut lo, mut hi) = ([f64::MAX; 3], [f64::MIN; 3]);
+            for x in &pos {
+                for k in 0..3 {
+                    lo[k] = lo[k].min(x[k]);
+                    hi[k] = hi[k].max(x[k]);
+                }
+            }
+            assert_eq!(
+                Tree::bounding_cube(&pos),
+                BoundingCube::around(lo, hi),
+                "n = {n}"
+            );
+        }
+    }
 
     fn cloud(n: usize) -> (Vec<[f64; 3]>, Vec<f64>, Vec<u64>) {
         let mut s = 3u64;
