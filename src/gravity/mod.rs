@@ -11,6 +11,7 @@ pub mod softening;
 use crate::fmm::caps::Caps;
 use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
+use rayon::prelude::*;
 use thiserror::Error;
 
 pub use direct::DirectSummation;
@@ -157,7 +158,24 @@ pub trait ResidentState {
 
 /// Rejects NaN/Inf positions and masses before a solver turns them into garbage forces.
 pub fn check_finite(particles: &Particles) -> Result<(), GravityError> {
-    for i in 0..particles.len() {
+    // In parallel, chunk by chunk (a serial scan took 0.030 s of every evaluation at 1e7
+    // particles, this 0.020 s on two cores and less on more); the first bad particle in
+    // index order is the one reported, whatever the threads.
+    const CHUNK: usize = 1 << 14;
+    // Folded with `&` rather than stopped at the first bad value, so the compiler can test
+    // many values at once.
+    let all_finite = |v: &[f64]| v.iter().fold(true, |ok, x| ok & x.is_finite());
+    let range = |c: usize| c * CHUNK..((c + 1) * CHUNK).min(particles.len());
+    let first = (0..particles.len().div_ceil(CHUNK))
+        .into_par_iter()
+        .find_first(|&c| {
+            let r = range(c);
+            !(all_finite(particles.pos[r.clone()].as_flattened()) && all_finite(&particles.mass[r]))
+        })
+        .and_then(|c| {
+            range(c).find(|&i| !all_finite(&particles.pos[i]) || !particles.mass[i].is_finite())
+        });
+    if let Some(i) = first {
         for &x in &particles.pos[i] {
             if !x.is_finite() {
                 return Err(GravityError::NonFinite {
@@ -176,4 +194,44 @@ pub fn check_finite(particles: &Particles) -> Result<(), GravityError> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::particles::Component;
+
+    #[test]
+    fn check_finite_names_the_first_bad_particle_in_index_order() {
+        let n = 3 * (1 << 14) + 5;
+        let mut p = Particles::with_capacity(n);
+        for i in 0..n {
+            let x = i as f64;
+            p.push(
+                [x, -x, 0.5],
+                [0.0; 3],
+                1.0,
+                1000 + i as u64,
+                Component::Halo,
+            );
+        }
+        assert!(check_finite(&p).is_ok());
+        // Bad values in a later chunk, an earlier chunk's last particle and the very end.
+        p.pos[2 * (1 << 14) + 3][1] = f64::NAN;
+        p.mass[n - 1] = f64::INFINITY;
+        p.mass[(1 << 14) - 1] = f64::NEG_INFINITY;
+        let e = check_finite(&p).unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "particle 17383 has a non-finite mass (-inf); the simulation state is corrupt"
+        );
+        p.mass[(1 << 14) - 1] = 1.0;
+        p.pos[5][2] = f64::INFINITY;
+        p.mass[5] = f64::NAN;
+        let e = check_finite(&p).unwrap_err().to_string();
+        assert!(
+            e.starts_with("particle 1005 has a non-finite position (inf)"),
+            "{e}"
+        );
+    }
 }
