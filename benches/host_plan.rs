@@ -6,9 +6,6 @@
 //! figures go to docs/benchmarks.md (GPU backend).
 
 use leapfmm::bench::Workload;
-use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
-use leapfmm::fmm::caps::CapsPolicy;
-use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::solver::Evaluation;
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::{Softening, SofteningKernel};
@@ -24,18 +21,11 @@ fn main() {
         .unwrap_or(10_000_000);
     let w = Workload::DiskInHalo;
     let p = w.particles(n, 1);
-    let settings = FmmSettings {
-        order: DEFAULT_ORDER,
-        theta: DEFAULT_THETA,
-        leaf_size: DEFAULT_LEAF_SIZE,
-        softening: Softening {
-            kernel: SofteningKernel::Spline,
-            epsilon: w.softening(n),
-        },
-        g: w.g(),
-        near_field: NearFieldPrecision::Mixed,
-        caps_policy: CapsPolicy::default(),
+    let softening = Softening {
+        kernel: SofteningKernel::Spline,
+        epsilon: w.softening(n),
     };
+    let settings = FmmSettings::defaults(softening, w.g());
     let mut solver = FmmSolver::new(settings, None);
     println!(
         "host plan, {} N = {n}, {} threads",

@@ -788,9 +788,6 @@ fn the_kernels_in_sequence_give_the_cpu_fmm_forces() {
 /// allocates.
 #[test]
 fn a_galaxy_evaluation_needs_under_a_kilobyte_of_device_memory_per_particle() {
-    use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
-    use leapfmm::fmm::caps::CapsPolicy;
-    use leapfmm::fmm::p2p::NearFieldPrecision;
     use leapfmm::fmm::solver::{FmmSettings, FmmSolver};
     use leapfmm::gpu::memory::DeviceLengths;
     use leapfmm::gravity::GravitySolver;
@@ -799,18 +796,13 @@ fn a_galaxy_evaluation_needs_under_a_kilobyte_of_device_memory_per_particle() {
     )
     .unwrap();
     let (p, _) = leapfmm::ics::generate(&model, 200_000, 1);
-    let settings = FmmSettings {
-        order: DEFAULT_ORDER,
-        theta: DEFAULT_THETA,
-        leaf_size: DEFAULT_LEAF_SIZE,
-        softening: Softening {
+    let settings = FmmSettings::defaults(
+        Softening {
             kernel: SofteningKernel::Spline,
             epsilon: 0.05,
         },
-        g: model.units.gravitational_constant(),
-        near_field: NearFieldPrecision::Mixed,
-        caps_policy: CapsPolicy::default(),
-    };
+        model.units.gravitational_constant(),
+    );
     let mut solver = FmmSolver::new(settings, None);
     let mut worst: f64 = 0.0;
     for _ in 0..3 {

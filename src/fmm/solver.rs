@@ -42,6 +42,20 @@ pub struct FmmSettings {
 }
 
 impl FmmSettings {
+    /// The default accuracy settings (the config's defaults: order, θ, leaf size, the
+    /// mixed-precision near field, default caps policy) for `softening` and `g`.
+    pub fn defaults(softening: Softening, g: f64) -> Self {
+        FmmSettings {
+            order: crate::config::DEFAULT_ORDER,
+            theta: crate::config::DEFAULT_THETA,
+            leaf_size: crate::config::DEFAULT_LEAF_SIZE,
+            softening,
+            g,
+            near_field: NearFieldPrecision::Mixed,
+            caps_policy: CapsPolicy::default(),
+        }
+    }
+
     /// The acceptance criterion these settings imply.
     pub fn mac(&self) -> Mac {
         let eps = self.softening.epsilon;
