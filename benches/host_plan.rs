@@ -1,14 +1,20 @@
 //! The host's share of a GPU force evaluation: the tree, the lists and the device plan
 //! (`FmmSolver::plan_with`, then `device_plan`) on the disk-in-halo workload, default
-//! settings, by phase. Needs no GPU: what a GPU step waits for on the CPU.
+//! settings, by phase. Needs no GPU: what a GPU step waits for on the CPU. Then the same
+//! with the particles keyed and sorted as a device sorts them (`FmmSolver::plan_sorted`, the
+//! resident run's path; the sort itself done here beforehand and not timed): what is left
+//! to the host once the device sorts.
 //!
 //! `cargo bench --bench host_plan` (N = 1e7, ~2.5 GB; `HOST_PLAN_N=1000000` for less);
 //! figures go to docs/benchmarks.md (GPU backend).
 
 use leapfmm::bench::Workload;
-use leapfmm::fmm::solver::Evaluation;
+use leapfmm::fmm::solver::{Evaluation, FmmStats};
+use leapfmm::fmm::tree::{SortedParticles, Tree};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::{Softening, SofteningKernel};
+use leapfmm::particles::Particles;
+use rayon::prelude::*;
 use std::time::Instant;
 
 /// Plans timed; the first one also finds the caps.
@@ -26,7 +32,7 @@ fn main() {
         epsilon: w.softening(n),
     };
     let settings = FmmSettings::defaults(softening, w.g());
-    let mut solver = FmmSolver::new(settings, None);
+    let mut solver = FmmSolver::new(settings.clone(), None);
     println!(
         "host plan, {} N = {n}, {} threads",
         w.name(),
@@ -37,21 +43,58 @@ fn main() {
         let stats = solver
             .plan_with(&p.pos, &p.mass, &p.id, Evaluation::default())
             .expect("finite particles");
-        let lists = start.elapsed().as_secs_f64();
-        let start = Instant::now();
-        let plan = solver.device_plan().expect("one softening length");
-        let assembly = start.elapsed().as_secs_f64();
-        let s = stats.seconds;
-        println!(
-            "plan {k}: {:.3} s = tree {:.3} + moments {:.3} + traversal {:.3} + assembly {assembly:.3} (+ {:.3} other); {} cells, {} M2L and {} P2P entries",
-            lists + assembly,
-            s.tree,
-            s.upward,
-            s.traversal,
-            lists - s.tree - s.upward - s.traversal,
-            plan.centre.len(),
-            plan.m2l_sources.len(),
-            plan.p2p_sources.len()
-        );
+        report(&mut solver, k, start, stats);
     }
+    println!("with the particles sorted as on a device (plan_sorted):");
+    let mut solver = FmmSolver::new(settings, None);
+    let mut sorted = SortedParticles::default();
+    for k in 1..=PLANS {
+        sort_as_a_device(&p, &mut sorted);
+        let start = Instant::now();
+        let stats = solver
+            .plan_sorted(&mut sorted, &p.id)
+            .expect("sorted particles");
+        report(&mut solver, k, start, stats);
+    }
+}
+
+/// What `GpuFmm::sort_resident` hands the host: keys in the particles' bounding cube,
+/// sorted stably (equal keys in index order), positions and masses in that order.
+fn sort_as_a_device(p: &Particles, out: &mut SortedParticles) {
+    let cube = Tree::bounding_cube(&p.pos);
+    let keys: Vec<u64> = p.pos.par_iter().map(|&x| cube.key(x)).collect();
+    out.order.clear();
+    out.order.extend(0..p.len() as u32);
+    out.order.par_sort_by_key(|&i| keys[i as usize]);
+    out.keys.clear();
+    out.keys
+        .par_extend(out.order.par_iter().map(|&i| keys[i as usize]));
+    out.pos.clear();
+    out.pos
+        .par_extend(out.order.par_iter().map(|&i| p.pos[i as usize]));
+    out.mass.clear();
+    out.mass
+        .par_extend(out.order.par_iter().map(|&i| p.mass[i as usize]));
+    out.cube = Some(cube);
+}
+
+/// Prints plan `k`, whose lists `solver` made from `start` on with `stats`, after
+/// assembling its device plan.
+fn report(solver: &mut FmmSolver, k: usize, start: Instant, stats: FmmStats) {
+    let lists = start.elapsed().as_secs_f64();
+    let start = Instant::now();
+    let plan = solver.device_plan().expect("one softening length");
+    let assembly = start.elapsed().as_secs_f64();
+    let s = stats.seconds;
+    println!(
+        "plan {k}: {:.3} s = tree {:.3} + moments {:.3} + traversal {:.3} + assembly {assembly:.3} (+ {:.3} other); {} cells, {} M2L and {} P2P entries",
+        lists + assembly,
+        s.tree,
+        s.upward,
+        s.traversal,
+        lists - s.tree - s.upward - s.traversal,
+        plan.centre.len(),
+        plan.m2l_sources.len(),
+        plan.p2p_sources.len()
+    );
 }

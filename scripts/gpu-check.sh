@@ -5,7 +5,9 @@
 # machine lacks; no Rust toolchain is needed there). Prints the environment, then
 # the GPU-vs-CPU difference of the FMM passes on the Milky Way model and the GPU timings.
 #   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; OUT=/tmp/gpu-check)
-# The host still builds the tree and the lists (CPU); the GPU line times the device passes.
+# The host still builds the tree and the lists (CPU); the GPU line times the device passes,
+# and the "GPU tree order" lines the device's keys and sort (what a run does each step),
+# checked against the host's tree (the command fails if they differ).
 # Last, a run of ~100 adaptive steps on the Milky Way model with backend = cuda (particles
 # resident on the device: kick, drift, time step criterion, diagnostics sums and force
 # passes there) and the same run on the CPU: compare the conservation columns of their

@@ -323,6 +323,160 @@ fn conserved_sums_on_the_device_have_the_hosts_bits() {
     }
 }
 
+#[test]
+fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
+    // 9000 particles: two whole sort tiles of 4096 and a partial one. A clump of ten at one
+    // point and pairs closer than a key's grid cell give runs of equal keys, and the ids are
+    // shuffled, so that the host's ordering of those runs by id is needed.
+    use leapfmm::fmm::tree::{SortedParticles, Tree};
+    use leapfmm::gpu::sort::{BOUNDS_FIELDS, cube_of_bounds};
+    let n = 9000usize;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(41);
+    let mut pos: Vec<[f64; 3]> = (0..n)
+        .map(|_| {
+            let r: f64 = rng.random_range(0.0f64..1.0).powi(3) * 30.0;
+            [
+                r * rng.random_range(-1.0..1.0),
+                r * rng.random_range(-1.0..1.0),
+                rng.random_range(-0.5..0.5),
+            ]
+        })
+        .collect();
+    for i in 0..10 {
+        pos[100 + 37 * i] = [1.25, -0.5, 0.125];
+    }
+    for i in (2000..2400).step_by(2) {
+        pos[i + 1] = [pos[i][0] + 1e-9, pos[i][1], pos[i][2] - 1e-9];
+    }
+    let mass: Vec<f64> = (0..n).map(|_| rng.random_range(0.5..1.5)).collect();
+    let mut id: Vec<u64> = (0..n as u64).map(|i| i * 7 + 3).collect();
+    for i in (1..n).rev() {
+        id.swap(i, rng.random_range(0..=i));
+    }
+    // Extremes: 5 blocks of 64 threads, each thread striding over many particles.
+    let (blocks, block) = (5u32, 64u32);
+    let mut b = Vec::new();
+    u32_bytes(&mut b, &[n as u32, blocks, block]);
+    f64_bytes(&mut b, pos.iter().flatten().copied());
+    f64_bytes(&mut b, mass.iter().copied());
+    let bounds = f64s(&run_harness("bounds", &b));
+    assert_eq!(bounds.len(), BOUNDS_FIELDS * blocks as usize);
+    let cube = cube_of_bounds(&bounds).expect("finite particles");
+    assert_eq!(cube, Tree::bounding_cube(&pos));
+    // Keys, then the radix sort's eight passes.
+    let mut b = Vec::new();
+    u32_bytes(&mut b, &[n as u32, 128]);
+    f64_bytes(&mut b, cube.lo.iter().copied().chain([cube.scale()]));
+    f64_bytes(&mut b, pos.iter().flatten().copied());
+    let out = run_harness("sort", &b);
+    let u64s = |bytes: &[u8]| -> Vec<u64> {
+        bytes
+            .chunks_exact(8)
+            .map(|c| u64::from_le_bytes(c.try_into().unwrap()))
+            .collect()
+    };
+    let keys = u64s(&out[..8 * n]);
+    let sorted_keys = u64s(&out[8 * n..16 * n]);
+    let index: Vec<u32> = out[16 * n..]
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    for (i, &k) in keys.iter().enumerate() {
+        assert_eq!(k, cube.key(pos[i]), "key of particle {i}");
+    }
+    let mut expected: Vec<u32> = (0..n as u32).collect();
+    expected.sort_by_key(|&i| keys[i as usize]);
+    assert_eq!(index, expected, "a stable sort by key");
+    assert!(
+        sorted_keys
+            .iter()
+            .zip(&index)
+            .all(|(&k, &i)| k == keys[i as usize])
+    );
+    let runs = sorted_keys.windows(2).filter(|w| w[0] == w[1]).count();
+    assert!(runs >= 200, "{runs} equal neighbouring keys");
+    // The host's tree from the device's order is the tree it builds itself.
+    let mut sorted = SortedParticles {
+        cube: Some(cube),
+        keys: sorted_keys,
+        order: index.clone(),
+        pos: index.iter().map(|&i| pos[i as usize]).collect(),
+        mass: index.iter().map(|&i| mass[i as usize]).collect(),
+    };
+    let (mut from_device, mut on_host) = (Tree::default(), Tree::default());
+    from_device.adopt_sorted(&mut sorted, &id).unwrap();
+    from_device.build_cells(16, 10_000).unwrap();
+    on_host.build(&pos, &mass, &id, None, 16, 10_000).unwrap();
+    assert_ne!(
+        from_device.order, index,
+        "the runs of equal keys were reordered"
+    );
+    assert_eq!(from_device.order, on_host.order);
+    assert_eq!(from_device.keys, on_host.keys);
+    assert_eq!(from_device.cells, on_host.cells);
+    assert_eq!(from_device.pos, on_host.pos);
+    assert_eq!(from_device.mass, on_host.mass);
+    // And the solver's plan from them is the plan it makes from the positions, a retry for
+    // more cells included (the sorted particles are taken once).
+    use leapfmm::fmm::caps::Caps;
+    use leapfmm::fmm::solver::{FmmSettings, FmmSolver};
+    use leapfmm::gravity::GravitySolver;
+    let settings = FmmSettings {
+        leaf_size: 16,
+        ..FmmSettings::defaults(
+            Softening {
+                kernel: SofteningKernel::Spline,
+                epsilon: 0.05,
+            },
+            1.0,
+        )
+    };
+    let small = Caps {
+        cells: 3,
+        m2l_pairs: 10,
+        p2p_pairs: 10,
+        ..Caps::default()
+    };
+    let (mut a, mut b) = (
+        FmmSolver::new(settings.clone(), None),
+        FmmSolver::new(settings, None),
+    );
+    a.set_caps(small);
+    b.set_caps(small);
+    let mut sorted = SortedParticles {
+        cube: Some(cube),
+        keys: index.iter().map(|&i| keys[i as usize]).collect(),
+        order: index.clone(),
+        pos: index.iter().map(|&i| pos[i as usize]).collect(),
+        mass: index.iter().map(|&i| mass[i as usize]).collect(),
+    };
+    let stats = a.plan_sorted(&mut sorted, &id).unwrap();
+    assert!(stats.retries >= 2, "{} retries", stats.retries);
+    b.plan_with(&pos, &mass, &id, Default::default()).unwrap();
+    let (pa, pb) = (a.device_plan().unwrap(), b.device_plan().unwrap());
+    assert_eq!(pa.order_of, pb.order_of);
+    assert_eq!(pa.pos, pb.pos);
+    assert_eq!(pa.mass, pb.mass);
+    assert_eq!(pa.centre, pb.centre);
+    assert_eq!((&pa.begin, &pa.end), (&pb.begin, &pb.end));
+    assert_eq!(
+        (pa.m2l_spans, pa.m2l_sources),
+        (pb.m2l_spans, pb.m2l_sources)
+    );
+    assert_eq!(
+        (pa.p2p_spans, pa.p2p_sources),
+        (pb.p2p_spans, pb.p2p_sources)
+    );
+    // A mass that is not finite shows in the extremes' flag.
+    let mut bad = mass.clone();
+    bad[8999] = f64::NAN;
+    let mut b = Vec::new();
+    u32_bytes(&mut b, &[n as u32, blocks, block]);
+    f64_bytes(&mut b, pos.iter().flatten().copied());
+    f64_bytes(&mut b, bad.iter().copied());
+    assert_eq!(cube_of_bounds(&f64s(&run_harness("bounds", &b))), None);
+}
+
 fn u32_bytes(b: &mut Vec<u8>, v: &[u32]) {
     v.iter().for_each(|x| b.extend(x.to_le_bytes()));
 }

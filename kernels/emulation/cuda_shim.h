@@ -4,6 +4,7 @@
 // barrier among the block's threads. Index variables are thread-local.
 #pragma once
 #include <algorithm>
+#include <atomic>
 #include <barrier>
 #include <cmath>
 #include <thread>
@@ -47,6 +48,13 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline double __dmul_rn(double a, double b) { return a * b; }
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dsub_rn(double a, double b) { return a - b; }
+// Integer atomics in shared or global memory: the block's threads really run at once here.
+inline unsigned atomicAdd(unsigned* address, unsigned v) {
+    return std::atomic_ref<unsigned>(*address).fetch_add(v);
+}
+using std::fmax;
+using std::fmin;
+using std::isfinite;
 using std::max;
 using std::min;
 

@@ -15,12 +15,16 @@
 //   harness fmm IN OUT        IN: a whole device plan (tests/gpu_kernels.rs: fmm_input); OUT: acc, pot
 //                             of the own particles from the pass sequence P2M, M2M (unless the
 //                             plan gives the multipoles), M2L, L2L, L2P, P2P
+//   harness bounds IN OUT     IN: n, blocks, block, pos, mass; OUT: the blocks' extremes (7 each)
+//   harness sort IN OUT       IN: n, block, cube corner, scale, pos; OUT: the Morton keys, then
+//                             the keys and particle indices after the radix sort's 8 passes
 //   harness m2l IN OUT        IN: cells, targets, list length, p, block, centres, targets,
 //                             spans (per cell), list, multipoles; OUT: locals (zero before)
 #include "cuda_shim.h"
 #include "../p2p.cu"
 #include "../integrate.cu"
 #include "../expansions.cu"
+#include "../keys.cu"
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -188,6 +192,38 @@ int main(int argc, char** argv) {
                    (const unsigned*)parent.data(), (const double*)centre.data(), (int)p, l.data());
             put(out, l);
         }
+    } else if (mode == "bounds") {
+        auto n = in.one<uint32_t>(), blocks = in.one<uint32_t>(), block = in.one<uint32_t>();
+        auto pos = in.many<double>(3 * n), mass = in.many<double>(n);
+        std::vector<double> bounds(7 * blocks);
+        launch(blocks, block, bounds_blocks, (const double*)pos.data(), (const double*)mass.data(),
+               (unsigned)n, bounds.data());
+        put(out, bounds);
+    } else if (mode == "sort") {
+        auto n = in.one<uint32_t>(), block = in.one<uint32_t>();
+        auto lo = in.many<double>(3);
+        auto scale = in.one<double>();
+        auto pos = in.many<double>(3 * n);
+        std::vector<uint64_t> keys(n), keys_b(n);
+        std::vector<uint32_t> index(n), index_b(n);
+        launch((n + block - 1) / block, block, morton_keys, (const double*)pos.data(), (unsigned)n,
+               lo[0], lo[1], lo[2], scale, (unsigned long long*)keys.data(), (unsigned*)index.data());
+        put(out, keys);
+        unsigned tiles = (n + RADIX_TILE - 1) / RADIX_TILE;
+        std::vector<uint32_t> counts(RADIX_THREADS * tiles);
+        for (unsigned shift = 0; shift < 64; shift += 8) {
+            launch(tiles, RADIX_THREADS, radix_count, (const unsigned long long*)keys.data(),
+                   (unsigned)n, shift, (unsigned*)counts.data());
+            launch(1, 64, radix_offsets, (unsigned*)counts.data(), (unsigned)counts.size());
+            launch(tiles, RADIX_THREADS, radix_scatter, (const unsigned long long*)keys.data(),
+                   (const unsigned*)index.data(), (unsigned)n, shift,
+                   (const unsigned*)counts.data(), (unsigned long long*)keys_b.data(),
+                   (unsigned*)index_b.data());
+            keys.swap(keys_b);
+            index.swap(index_b);
+        }
+        put(out, keys);
+        put(out, index);
     } else if (mode == "m2l") {
         auto cells = in.one<uint32_t>(), count = in.one<uint32_t>(), n_list = in.one<uint32_t>();
         auto p = in.one<uint32_t>(), block = in.one<uint32_t>();

@@ -305,16 +305,19 @@ fn single_rank(
         eprintln!("warning: {w}");
     }
     if args.backend == BackendArg::Cuda {
-        return on_gpu(&solver, &acc, args);
+        return on_gpu(&solver, p, &acc, args);
     }
     Ok((acc, pot))
 }
 
 /// `--backend cuda`: the FMM passes of the solver's last evaluation on GPU 0, compared with
-/// the CPU's accelerations `cpu_acc` (the caller's order); returns the GPU's forces.
+/// the CPU's accelerations `cpu_acc` (the caller's order), and the sort of `particles` into
+/// tree order on the device (what a run does each step) compared with the host's tree;
+/// returns the GPU's forces.
 #[cfg(feature = "cuda")]
 fn on_gpu(
     solver: &FmmSolver,
+    particles: &Particles,
     cpu_acc: &[[f64; 3]],
     args: &ForcesArgs,
 ) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
@@ -361,6 +364,7 @@ fn on_gpu(
             pot[orig as usize] = out.pot[sorted];
         }
     }
+    device_tree_order(&mut gpu, particles, &plan, args.repeat)?;
     let mut diff: Vec<f64> = acc
         .iter()
         .zip(cpu_acc)
@@ -381,10 +385,45 @@ fn on_gpu(
     Ok((acc, pot))
 }
 
+/// The device's sort of `particles` into tree order (`GpuFmm::sort_resident`), `repeat`
+/// times, against the host tree of `plan`: the same order and positions, or an error.
+#[cfg(feature = "cuda")]
+fn device_tree_order(
+    gpu: &mut leapfmm::gpu::device::GpuFmm,
+    particles: &Particles,
+    plan: &leapfmm::fmm::solver::DevicePlan,
+    repeat: usize,
+) -> Result<()> {
+    use leapfmm::fmm::tree::{SortedParticles, Tree};
+    let state = gpu.load_state(particles)?;
+    let mut sorted = SortedParticles::default();
+    let mut tree = Tree::default();
+    for k in 0..repeat.max(1) {
+        let start = Instant::now();
+        if !gpu.sort_resident(&state, &mut sorted)? {
+            bail!("the device found a position or mass that is not finite");
+        }
+        let secs = start.elapsed().as_secs_f64();
+        tree.adopt_sorted(&mut sorted, &particles.id)?;
+        let same = tree.order == plan.order_of && tree.pos == plan.pos;
+        println!(
+            "GPU tree order {}: {secs:.3} s (bounds, keys, radix sort, gather, download of {} particles); the host's order and positions: {}",
+            k + 1,
+            tree.order.len(),
+            if same { "identical" } else { "DIFFERENT" }
+        );
+        if !same {
+            bail!("the device's tree order differs from the host's");
+        }
+    }
+    Ok(())
+}
+
 /// `--backend cuda` in a build without the `cuda` feature.
 #[cfg(not(feature = "cuda"))]
 fn on_gpu(
     _solver: &FmmSolver,
+    _particles: &Particles,
     _cpu_acc: &[[f64; 3]],
     _args: &ForcesArgs,
 ) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {

@@ -42,10 +42,17 @@ impl BoundingCube {
         }
     }
 
+    /// The factor from a point's offset from the lower corner to its grid coordinate
+    /// (2^21 cells per side).
+    #[inline]
+    pub fn scale(&self) -> f64 {
+        (1u64 << BITS) as f64 / self.side
+    }
+
     /// Morton key of a point inside the cube.
     #[inline]
     pub fn key(&self, x: [f64; 3]) -> u64 {
-        let scale = (1u64 << BITS) as f64 / self.side;
+        let scale = self.scale();
         let max = (1u64 << BITS) - 1;
         let q = |k: usize| (((x[k] - self.lo[k]) * scale) as i64).clamp(0, max as i64) as u64;
         spread(q(2)) | (spread(q(1)) << 1) | (spread(q(0)) << 2)

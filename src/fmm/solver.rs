@@ -8,7 +8,7 @@ use super::morton::BoundingCube;
 use super::p2p::{NearField, NearFieldPrecision, NearScratch};
 use super::presets::{PresetKey, PresetsStore};
 use super::traversal::{Mac, Spans, unpack, walk};
-use super::tree::{Cell, Tree};
+use super::tree::{Cell, SortedParticles, Tree};
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, SolverStat, check_finite};
 use crate::particles::Particles;
@@ -222,6 +222,17 @@ impl PairList {
     }
 }
 
+/// Where an evaluation's tree gets its particles.
+enum TreeInput<'a> {
+    /// Positions and masses in the caller's order, keyed and sorted by the tree.
+    Unsorted {
+        pos: &'a [[f64; 3]],
+        mass: &'a [f64],
+    },
+    /// Keyed and sorted already (on a device); the tree takes the buffers.
+    Sorted(&'a mut SortedParticles),
+}
+
 /// How one evaluation differs from the plain single-rank one (`Default`).
 #[derive(Default)]
 pub struct Evaluation<'a> {
@@ -371,7 +382,8 @@ impl FmmSolver {
         let n = pos.len();
         let mut stats = FmmStats::default();
         let active = with.active;
-        self.build_lists(pos, mass, id, with, true, &mut stats)?;
+        let input = TreeInput::Unsorted { pos, mass };
+        self.build_lists(input, id, with, true, &mut stats)?;
         let len = real_len(self.settings.order);
         let t0 = Instant::now();
         self.m2l_pass(len);
@@ -431,11 +443,29 @@ impl FmmSolver {
     ) -> Result<FmmStats, GravityError> {
         let mut stats = FmmStats::default();
         let (host_upward, some) = (with.remote.is_some(), with.active.is_some());
-        self.build_lists(pos, mass, id, with, host_upward, &mut stats)?;
+        let input = TreeInput::Unsorted { pos, mass };
+        self.build_lists(input, id, with, host_upward, &mut stats)?;
         if !some {
             self.tracker.settle(&stats.used);
             self.record_presets(pos.len());
         }
+        Ok(stats)
+    }
+
+    /// `plan` for the particles of one rank that a device has keyed and sorted already
+    /// (`sorted`, which gets this solver's previous buffers back to fill next time): the
+    /// host only splits the cells and walks. The same tree, lists and plan as `plan` on
+    /// the same particles.
+    pub fn plan_sorted(
+        &mut self,
+        sorted: &mut SortedParticles,
+        id: &[u64],
+    ) -> Result<FmmStats, GravityError> {
+        let mut stats = FmmStats::default();
+        let input = TreeInput::Sorted(sorted);
+        self.build_lists(input, id, Evaluation::default(), false, &mut stats)?;
+        self.tracker.settle(&stats.used);
+        self.record_presets(id.len());
         Ok(stats)
     }
 
@@ -445,8 +475,7 @@ impl FmmSolver {
     /// everything fits.
     fn build_lists(
         &mut self,
-        pos: &[[f64; 3]],
-        mass: &[f64],
+        input: TreeInput,
         id: &[u64],
         with: Evaluation,
         host_upward: bool,
@@ -458,7 +487,7 @@ impl FmmSolver {
             remote,
             active,
         } = with;
-        let n = pos.len();
+        let n = id.len();
         if !self.caps_known {
             self.start_caps(n);
         }
@@ -469,16 +498,25 @@ impl FmmSolver {
             .give_back(std::mem::take(&mut self.m2l.sources));
         self.p2p_buf
             .give_back(std::mem::take(&mut self.p2p.sources));
+        // Particles sorted elsewhere are taken once; a retry for more cells only splits again.
+        let t0 = Instant::now();
+        let unsorted = match input {
+            TreeInput::Unsorted { pos, mass } => Some((pos, mass)),
+            TreeInput::Sorted(sorted) => {
+                self.tree
+                    .adopt_sorted(sorted, id)
+                    .map_err(|e| GravityError::Device(e.to_string()))?;
+                None
+            }
+        };
+        stats.seconds.tree += t0.elapsed().as_secs_f64();
         loop {
             let t0 = Instant::now();
-            let built = self.tree.build(
-                pos,
-                mass,
-                id,
-                cube,
-                self.settings.leaf_size,
-                self.tracker.caps().cells,
-            );
+            let (leaf_size, cap) = (self.settings.leaf_size, self.tracker.caps().cells);
+            let built = match unsorted {
+                Some((pos, mass)) => self.tree.build(pos, mass, id, cube, leaf_size, cap),
+                None => self.tree.build_cells(leaf_size, cap),
+            };
             stats.seconds.tree += t0.elapsed().as_secs_f64();
             match built {
                 Ok(()) => break,

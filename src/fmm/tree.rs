@@ -92,6 +92,28 @@ pub struct Tree {
     sort_scratch: Vec<(u64, u32)>,
 }
 
+/// Particles already keyed and sorted by key where they are (on a device), for
+/// `Tree::adopt_sorted`: equal keys in particle-index order, every array in sorted order.
+#[derive(Debug, Clone, Default)]
+pub struct SortedParticles {
+    /// The cube the keys refer to.
+    pub cube: Option<BoundingCube>,
+    /// Morton keys, non-decreasing.
+    pub keys: Vec<u64>,
+    /// Sorted position → index in the caller's arrays.
+    pub order: Vec<u32>,
+    /// Positions in sorted order.
+    pub pos: Vec<[f64; 3]>,
+    /// Masses in sorted order.
+    pub mass: Vec<f64>,
+}
+
+/// `SortedParticles` that are not what they claim: arrays of different lengths, a key
+/// smaller than the one before it, or an index outside the caller's particles.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("the sorted particles are not in key order or not a set of the run's particles ({0})")]
+pub struct NotSorted(pub &'static str);
+
 /// The tree needed more cells than its cap allowed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CellsOverflow {
@@ -146,13 +168,70 @@ impl Tree {
         self.mass.clear();
         self.mass
             .par_extend(self.order.par_iter().map(|&i| mass[i as usize]));
-        self.build_cells(leaf_size.max(1), cells_cap)
+        self.build_cells(leaf_size, cells_cap)
     }
 
-    /// Splits the cells level by level: every cell of a level finds its children's particle
-    /// ranges in parallel, then the children are numbered in the order of their parents
-    /// (breadth first, the numbering a serial split gives).
-    fn build_cells(&mut self, leaf_size: usize, cap: usize) -> Result<(), CellsOverflow> {
+    /// Takes the particles of `sorted` (sorted by key, equal keys in index order) as this
+    /// tree's, in `build`'s order: the rare runs of equal keys are ordered by `id` here. The
+    /// buffers are swapped, so `sorted` gets this tree's previous ones to fill next time.
+    /// The cells are left to `build_cells`.
+    pub fn adopt_sorted(
+        &mut self,
+        sorted: &mut SortedParticles,
+        id: &[u64],
+    ) -> Result<(), NotSorted> {
+        let n = sorted.keys.len();
+        if sorted.order.len() != n || sorted.pos.len() != n || sorted.mass.len() != n {
+            return Err(NotSorted("arrays of different lengths"));
+        }
+        if n != id.len() {
+            return Err(NotSorted("not as many as the particles"));
+        }
+        let keys = &sorted.keys;
+        if !(1..n).into_par_iter().all(|i| keys[i - 1] <= keys[i]) {
+            return Err(NotSorted("keys out of order"));
+        }
+        if !sorted.order.par_iter().all(|&i| (i as usize) < n) {
+            return Err(NotSorted("an index past the particles"));
+        }
+        let cube = sorted.cube.ok_or(NotSorted("no cube"))?;
+        std::mem::swap(&mut self.keys, &mut sorted.keys);
+        std::mem::swap(&mut self.order, &mut sorted.order);
+        std::mem::swap(&mut self.pos, &mut sorted.pos);
+        std::mem::swap(&mut self.mass, &mut sorted.mass);
+        self.cube = Some(cube);
+        let keys = &self.keys;
+        let run_starts: Vec<usize> = (0..n.saturating_sub(1))
+            .into_par_iter()
+            .filter(|&i| keys[i] == keys[i + 1] && (i == 0 || keys[i - 1] != keys[i]))
+            .collect();
+        let mut run = Vec::new();
+        for start in run_starts {
+            let end = start + self.keys[start..].partition_point(|&k| k == self.keys[start]);
+            run.clear();
+            run.extend((start..end).map(|s| {
+                (
+                    id[self.order[s] as usize],
+                    self.order[s],
+                    self.pos[s],
+                    self.mass[s],
+                )
+            }));
+            run.sort_unstable_by_key(|r| r.0);
+            for (s, r) in (start..end).zip(&run) {
+                (self.order[s], self.pos[s], self.mass[s]) = (r.1, r.2, r.3);
+            }
+        }
+        Ok(())
+    }
+
+    /// Splits the sorted particles into cells (at most `leaf_size` particles in a leaf),
+    /// level by level: every cell of a level finds its children's particle ranges in
+    /// parallel, then the children are numbered in the order of their parents (breadth
+    /// first, the numbering a serial split gives). Fails when the tree would exceed `cap`
+    /// cells.
+    pub fn build_cells(&mut self, leaf_size: usize, cap: usize) -> Result<(), CellsOverflow> {
+        let leaf_size = leaf_size.max(1);
         self.cells.clear();
         self.level_start.clear();
         self.leaves.clear();
@@ -596,5 +675,56 @@ mod tests {
         let mut t = Tree::default();
         assert!(t.build(&pos, &mass, &id, None, 8, 10).is_err());
         assert!(t.build(&pos, &mass, &id, None, 8, 100_000).is_ok());
+    }
+
+    /// `cloud(n)` keyed and sorted as a device hands it over (equal keys in index order).
+    fn sorted_cloud(n: usize) -> (SortedParticles, Vec<u64>) {
+        let (pos, mass, id) = cloud(n);
+        let cube = Tree::bounding_cube(&pos);
+        let mut order: Vec<u32> = (0..n as u32).collect();
+        order.sort_by_key(|&i| cube.key(pos[i as usize]));
+        let sorted = SortedParticles {
+            cube: Some(cube),
+            keys: order.iter().map(|&i| cube.key(pos[i as usize])).collect(),
+            pos: order.iter().map(|&i| pos[i as usize]).collect(),
+            mass: order.iter().map(|&i| mass[i as usize]).collect(),
+            order,
+        };
+        (sorted, id)
+    }
+
+    #[test]
+    fn adopt_sorted_rejects_what_is_not_sorted_and_swaps_buffers() {
+        let (good, id) = sorted_cloud(3000);
+        let mut t = Tree::default();
+        let copy = SortedParticles::clone;
+        let mut bad = copy(&good);
+        bad.keys.swap(10, 2000);
+        assert_eq!(
+            t.adopt_sorted(&mut bad, &id),
+            Err(NotSorted("keys out of order"))
+        );
+        let mut bad = copy(&good);
+        bad.order[5] = 3000;
+        assert!(t.adopt_sorted(&mut bad, &id).is_err());
+        let mut bad = copy(&good);
+        bad.mass.pop();
+        assert!(t.adopt_sorted(&mut bad, &id).is_err());
+        assert!(t.adopt_sorted(&mut copy(&good), &id[1..]).is_err());
+        let mut bad = copy(&good);
+        bad.cube = None;
+        assert!(t.adopt_sorted(&mut bad, &id).is_err());
+        // Nothing was taken from the rejected ones; the good one hands back the tree's
+        // previous (here empty) buffers.
+        assert!(t.keys.is_empty());
+        let mut ok = copy(&good);
+        t.adopt_sorted(&mut ok, &id).unwrap();
+        assert!(ok.keys.is_empty() && ok.pos.is_empty());
+        assert_eq!(t.keys, good.keys);
+        t.build_cells(8, 100_000).unwrap();
+        let (pos, mass, id) = cloud(3000);
+        let mut host = Tree::default();
+        host.build(&pos, &mass, &id, None, 8, 100_000).unwrap();
+        assert_eq!((&t.order, &t.cells), (&host.order, &host.cells));
     }
 }

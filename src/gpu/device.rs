@@ -4,16 +4,23 @@
 //! grown when a plan needs more), and the kernels of kernels/ run P2M, M2M per level, M2L,
 //! L2L per level, L2P and P2P. Either the plan's positions go up and the forces come down
 //! (`evaluate`), or the particles live on the device for the whole run (`DeviceState`):
-//! they are gathered into tree order and the forces scattered back there, the kick and
-//! drift run there, and only positions come back each step (`evaluate_resident`). The same
+//! they are keyed and sorted into tree order there (`sort_resident`: the host gets the
+//! sorted keys, order, positions and masses, splits the cells and walks), gathered into
+//! that order and the forces scattered back (`evaluate_resident`), and the kick and drift
+//! run there. The same
 //! kernels run under the CPU emulation in tests/gpu_kernels.rs, where they match the CPU
 //! backend. Not yet verified on a GPU: no device was lent while it was written
 //! (scripts/gpu-check.sh is the check).
 
 use super::memory::{DeviceLengths, THREADS_PER_BLOCK, resident_f64_counts};
 use super::nvrtc::{KernelError, compile_all};
+use super::sort::{
+    BOUNDS_BLOCKS, BOUNDS_FIELDS, BOUNDS_THREADS, OFFSETS_THREADS, RADIX_BITS, RADIX_THREADS,
+    cube_of_bounds, sort_blocks,
+};
 use crate::fmm::caps::Caps;
 use crate::fmm::solver::{DeviceForces, DevicePasses, DevicePlan, DeviceSeconds};
+use crate::fmm::tree::SortedParticles;
 use crate::gravity::GravityError;
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
 use crate::integrate::diagnostics::CONSERVED_SUMS;
@@ -63,6 +70,8 @@ pub struct GpuFmm {
     kernels: Kernels,
     /// Kept between evaluations (`DeviceLengths`).
     buffers: Option<Buffers>,
+    /// Kept between sorts into tree order (`sort_resident`).
+    sorting: Option<SortBuffers>,
 }
 
 /// The loaded kernels.
@@ -79,6 +88,11 @@ struct Kernels {
     scatter: CudaFunction,
     max_acc: CudaFunction,
     conserved: CudaFunction,
+    bounds: CudaFunction,
+    keys: CudaFunction,
+    radix_count: CudaFunction,
+    radix_offsets: CudaFunction,
+    radix_scatter: CudaFunction,
 }
 
 /// A run's particle state on the device (design §7), in the run's particle order: what the
@@ -138,6 +152,45 @@ impl<T: DeviceRepr + ValidAsZeroBits> Reused<T> {
             stream.memset_zeros(&mut self.buf.slice_mut(0..count))?;
         }
         Ok(())
+    }
+}
+
+/// The device buffers of the sort into tree order (`GpuFmm::sort_resident`;
+/// `super::sort::sort_bytes` counts them), grown with the particles.
+struct SortBuffers {
+    bounds: CudaSlice<f64>,
+    keys: [Reused<u64>; 2],
+    index: [Reused<u32>; 2],
+    counts: Reused<u32>,
+    pos: Reused<f64>,
+    mass: Reused<f64>,
+}
+
+impl SortBuffers {
+    /// Buffers for `n` particles.
+    fn new(stream: &Arc<CudaStream>, n: usize) -> Result<Self, GpuError> {
+        Ok(SortBuffers {
+            bounds: stream.alloc_zeros::<f64>(BOUNDS_FIELDS * BOUNDS_BLOCKS as usize)?,
+            keys: [Reused::new(stream, n)?, Reused::new(stream, n)?],
+            index: [Reused::new(stream, n)?, Reused::new(stream, n)?],
+            counts: Reused::new(stream, RADIX_THREADS as usize * sort_blocks(n))?,
+            pos: Reused::new(stream, 3 * n)?,
+            mass: Reused::new(stream, n)?,
+        })
+    }
+
+    /// Room for `n` particles.
+    fn fit(&mut self, stream: &Arc<CudaStream>, n: usize) -> Result<(), GpuError> {
+        for keys in &mut self.keys {
+            keys.room(stream, n)?;
+        }
+        for index in &mut self.index {
+            index.room(stream, n)?;
+        }
+        self.counts
+            .room(stream, RADIX_THREADS as usize * sort_blocks(n))?;
+        self.pos.room(stream, 3 * n)?;
+        self.mass.room(stream, n)
     }
 }
 
@@ -321,12 +374,18 @@ impl GpuFmm {
             scatter: function("integrate.cu", "scatter_forces")?,
             max_acc: function("integrate.cu", "max_acceleration_blocks")?,
             conserved: function("integrate.cu", "conserved_chunks")?,
+            bounds: function("keys.cu", "bounds_blocks")?,
+            keys: function("keys.cu", "morton_keys")?,
+            radix_count: function("keys.cu", "radix_count")?,
+            radix_offsets: function("keys.cu", "radix_offsets")?,
+            radix_scatter: function("keys.cu", "radix_scatter")?,
         };
         Ok(GpuFmm {
             stream: ctx.default_stream(),
             device,
             kernels,
             buffers: None,
+            sorting: None,
         })
     }
 
@@ -539,6 +598,118 @@ impl GpuFmm {
             }
         }
         Ok(total)
+    }
+
+    /// The particles of `state` keyed and sorted into tree order on the device (design §5
+    /// steps 1–2, kernels/keys.cu), downloaded into `out` for the host to split into cells
+    /// (`FmmSolver::plan_sorted`): the cube, the keys, the order, and the positions and
+    /// masses in that order. `false`, with `out` untouched, when a position or mass is not
+    /// finite (the caller names the particle from the host's copy).
+    pub fn sort_resident(
+        &mut self,
+        state: &DeviceState,
+        out: &mut SortedParticles,
+    ) -> Result<bool, GpuError> {
+        let (n, n32) = (state.n, state.n as u32);
+        let stream = self.stream.clone();
+        let s = match &mut self.sorting {
+            Some(s) => s,
+            None => self.sorting.insert(SortBuffers::new(&stream, n)?),
+        };
+        s.fit(&stream, n)?;
+        let k = &self.kernels;
+        let config = |blocks: u32, threads: u32| LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (threads, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        let mut launch = stream.launch_builder(&k.bounds);
+        launch
+            .arg(&state.pos)
+            .arg(&state.mass)
+            .arg(&n32)
+            .arg(&mut s.bounds);
+        // SAFETY: the arguments match bounds_blocks' signature; `bounds` holds
+        // BOUNDS_FIELDS values for each of the BOUNDS_BLOCKS blocks.
+        unsafe { launch.launch(config(BOUNDS_BLOCKS, BOUNDS_THREADS)) }?;
+        let bounds = stream.clone_dtoh(&s.bounds)?;
+        stream.synchronize()?;
+        let Some(cube) = cube_of_bounds(&bounds) else {
+            return Ok(false);
+        };
+        let [lo_x, lo_y, lo_z] = cube.lo;
+        let scale = cube.scale();
+        let [keys_a, keys_b] = &mut s.keys;
+        let [index_a, index_b] = &mut s.index;
+        let mut launch = stream.launch_builder(&k.keys);
+        launch
+            .arg(&state.pos)
+            .arg(&n32)
+            .arg(&lo_x)
+            .arg(&lo_y)
+            .arg(&lo_z)
+            .arg(&scale)
+            .arg(&mut keys_a.buf)
+            .arg(&mut index_a.buf);
+        // SAFETY: as above, for morton_keys; the key and index buffers hold n.
+        unsafe { launch.launch(grid(n)) }?;
+        let blocks = sort_blocks(n) as u32;
+        let counts_len = RADIX_THREADS * blocks;
+        // An even number of passes leaves the result where the keys started.
+        const PASSES: u32 = 64 / RADIX_BITS;
+        const _: () = assert!(PASSES.is_multiple_of(2));
+        for pass in 0..PASSES {
+            let shift = pass * RADIX_BITS;
+            let (keys_in, keys_out, index_in, index_out) = if pass.is_multiple_of(2) {
+                (&*keys_a, &mut *keys_b, &*index_a, &mut *index_b)
+            } else {
+                (&*keys_b, &mut *keys_a, &*index_b, &mut *index_a)
+            };
+            let mut launch = stream.launch_builder(&k.radix_count);
+            launch
+                .arg(&keys_in.buf)
+                .arg(&n32)
+                .arg(&shift)
+                .arg(&mut s.counts.buf);
+            // SAFETY: as above, for radix_count; `counts` holds RADIX_THREADS per block.
+            unsafe { launch.launch(config(blocks, RADIX_THREADS)) }?;
+            let mut launch = stream.launch_builder(&k.radix_offsets);
+            launch.arg(&mut s.counts.buf).arg(&counts_len);
+            // SAFETY: as above, for radix_offsets (one block).
+            unsafe { launch.launch(config(1, OFFSETS_THREADS)) }?;
+            let mut launch = stream.launch_builder(&k.radix_scatter);
+            launch
+                .arg(&keys_in.buf)
+                .arg(&index_in.buf)
+                .arg(&n32)
+                .arg(&shift)
+                .arg(&s.counts.buf)
+                .arg(&mut keys_out.buf)
+                .arg(&mut index_out.buf);
+            // SAFETY: as above, for radix_scatter; every output position is below n.
+            unsafe { launch.launch(config(blocks, RADIX_THREADS)) }?;
+        }
+        let mut launch = stream.launch_builder(&k.gather);
+        launch
+            .arg(&state.pos)
+            .arg(&state.mass)
+            .arg(&index_a.buf)
+            .arg(&n32)
+            .arg(&mut s.pos.buf)
+            .arg(&mut s.mass.buf);
+        // SAFETY: as above, for gather_tree_order; every buffer holds n.
+        unsafe { launch.launch(grid(n)) }?;
+        out.keys.resize(n, 0);
+        out.order.resize(n, 0);
+        out.pos.resize(n, [0.0; 3]);
+        out.mass.resize(n, 0.0);
+        stream.memcpy_dtoh(&keys_a.buf.slice(0..n), &mut out.keys[..])?;
+        stream.memcpy_dtoh(&index_a.buf.slice(0..n), &mut out.order[..])?;
+        stream.memcpy_dtoh(&s.pos.buf.slice(0..3 * n), out.pos.as_flattened_mut())?;
+        stream.memcpy_dtoh(&s.mass.buf.slice(0..n), &mut out.mass[..])?;
+        stream.synchronize()?;
+        out.cube = Some(cube);
+        Ok(true)
     }
 
     /// Copies the positions of `state` into `pos` (the host's tree build needs them).

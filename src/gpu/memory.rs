@@ -41,9 +41,12 @@ pub fn resident_f64_counts(particles: usize) -> [usize; RESIDENT_BUFFERS] {
     ]
 }
 
-/// Bytes of device memory the resident state of `particles` particles takes.
+/// Bytes of device memory the resident state of `particles` particles takes, with the
+/// buffers of its sort into tree order (`super::sort::sort_bytes`).
 pub fn resident_bytes(particles: usize) -> usize {
-    8 * resident_f64_counts(particles).iter().sum::<usize>() + particles
+    8 * resident_f64_counts(particles).iter().sum::<usize>()
+        + particles
+        + super::sort::sort_bytes(particles)
 }
 
 /// The sizes the device buffers of one evaluation need: particles, cells (at least the
@@ -154,11 +157,14 @@ mod tests {
         // f64: 30 + 10 + 30 + 10 + 9 + 18 + 18 = 125; u32: 2 * 10 + 7 * 3 + 4 + 3 + 5 = 53;
         // u64: 3 + 3.
         assert_eq!(l.bytes(), 8 * 125 + 4 * 53 + 8 * 6);
-        // Resident: 30 + 30 + 10 + 30 + 10 + 4 + 12 f64 and 10 component bytes.
-        assert_eq!(resident_bytes(10), 8 * 126 + 10);
+        // Resident: 30 + 30 + 10 + 30 + 10 + 4 + 12 f64 and 10 component bytes; the sort:
+        // 2 * (8 + 4) * 10 + 32 * 10 bytes for the particles, 256 counts of one block, 1024
+        // blocks' 7 extremes.
+        let sort = 2 * 12 * 10 + 32 * 10 + 4 * 256 + 8 * 7 * 1024;
+        assert_eq!(resident_bytes(10), 8 * 126 + 10 + sort);
         assert_eq!(
             l.bytes_per_particle(),
-            (8 * 125 + 4 * 53 + 8 * 6 + 8 * 126 + 10) as f64 / 10.0
+            (8 * 125 + 4 * 53 + 8 * 6 + 8 * 126 + 10 + sort) as f64 / 10.0
         );
     }
 }

@@ -10,6 +10,7 @@ pub mod memory;
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
 pub mod solver;
+pub mod sort;
 
 /// Where compiled kernels are cached: `$HOME/.cache/leapfmm/kernels` (none without HOME).
 pub fn kernel_cache() -> Option<std::path::PathBuf> {
@@ -18,7 +19,7 @@ pub fn kernel_cache() -> Option<std::path::PathBuf> {
 
 /// The kernel sources, embedded: (file name, text). Headers (`.cuh`) are spliced into the
 /// sources that include them before compilation (`expand_includes`).
-pub const SOURCES: [(&str, &str); 5] = [
+pub const SOURCES: [(&str, &str); 6] = [
     ("common.cuh", include_str!("../../kernels/common.cuh")),
     (
         "expansions.cuh",
@@ -27,6 +28,7 @@ pub const SOURCES: [(&str, &str); 5] = [
     ("p2p.cu", include_str!("../../kernels/p2p.cu")),
     ("expansions.cu", include_str!("../../kernels/expansions.cu")),
     ("integrate.cu", include_str!("../../kernels/integrate.cu")),
+    ("keys.cu", include_str!("../../kernels/keys.cu")),
 ];
 
 /// The compilation units (`.cu` files) among `SOURCES`.

@@ -1,14 +1,16 @@
 //! The GPU force solver of a run: the host builds the tree and the lists each step
 //! (`FmmSolver::plan`), the device runs the passes (`GpuFmm`). Design §7's pipeline: with
-//! the particles resident on the device (`ResidentState`, the global scheme), only the
-//! positions come back each step and the lists go over; otherwise (`compute`, and the
-//! block scheme's sub-steps with lists for the active particles' cells only) positions go
-//! up and forces come down.
+//! the particles resident on the device (`ResidentState`, the global scheme), the device
+//! keys and sorts them into tree order, the sorted keys, positions and masses come back for
+//! the host to split into cells and walk, and the lists go over; otherwise (`compute`, and
+//! the block scheme's sub-steps with lists for the active particles' cells only) positions
+//! go up and forces come down.
 
 use super::device::{DeviceState, GpuError, GpuFmm};
 use crate::fmm::FmmSolver;
 use crate::fmm::caps::Caps;
 use crate::fmm::solver::{DevicePlan, DeviceSeconds, Evaluation, FmmStats};
+use crate::fmm::tree::SortedParticles;
 use crate::gravity::{ForceReport, GravityError, GravitySolver, ResidentState, check_finite};
 use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
@@ -20,6 +22,9 @@ pub struct GpuSolver {
     device: GpuFmm,
     /// The run's particles on the device, once `ResidentState::load`ed.
     state: Option<DeviceState>,
+    /// The device's sort of them into tree order, on its way to the host's tree (buffers
+    /// swapped with the tree's each step).
+    sorted: SortedParticles,
 }
 
 /// A device failure as the solver's error.
@@ -34,6 +39,7 @@ impl GpuSolver {
             host: host.with_backend("cuda"),
             device,
             state: None,
+            sorted: SortedParticles::default(),
         }
     }
 
@@ -164,10 +170,24 @@ impl ResidentState for GpuSolver {
             return Ok(no_work());
         }
         let state = self.state.as_mut().ok_or_else(not_loaded)?;
-        self.device
-            .positions(state, &mut particles.pos)
+        let t0 = Instant::now();
+        let finite = self
+            .device
+            .sort_resident(state, &mut self.sorted)
             .map_err(device_error)?;
-        let stats = self.plan(particles, None)?;
+        if !finite {
+            // The host's copy names the particle (its masses are the device's).
+            self.device
+                .positions(state, &mut particles.pos)
+                .map_err(device_error)?;
+            check_finite(particles)?;
+            return Err(GravityError::Device(
+                "a position on the device is not finite".into(),
+            ));
+        }
+        let sorting = t0.elapsed().as_secs_f64();
+        let mut stats = self.host.plan_sorted(&mut self.sorted, &particles.id)?;
+        stats.seconds.tree += sorting;
         let plan = self.host.device_plan()?;
         let settings = self.host.settings();
         let caps = self.host.caps().unwrap_or_default();

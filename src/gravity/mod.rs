@@ -139,9 +139,9 @@ pub trait ResidentState {
     /// `x += v h` on the device.
     fn drift(&mut self, h: f64) -> Result<(), GravityError>;
 
-    /// Forces on the device state; its positions come back into `particles.pos` (the host
-    /// builds the tree on them, `particles.mass` and `id` serve as the device's), the
-    /// accelerations and potentials stay on the device.
+    /// Forces on the device state, which stays there (accelerations and potentials
+    /// included); `particles.id` and `mass` serve as the device's, the host's positions are
+    /// not brought up to date (`store` does that).
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError>;
 
     /// The largest |a| of each component's particles, as

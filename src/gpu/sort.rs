@@ -1,0 +1,54 @@
+//! The host's side of the device's tree order (kernels/keys.cu): the launch shapes of the
+//! bounds, key and radix-sort kernels, and the cube made of the blocks' extremes. Free of
+//! CUDA, so the emulation tests use the same functions as the device code.
+
+use crate::fmm::morton::BoundingCube;
+
+/// Values `bounds_blocks` writes per block: three minima, three maxima, a non-finite flag.
+pub const BOUNDS_FIELDS: usize = 7;
+/// Threads of a `bounds_blocks` block (a power of two, at most `BOUNDS_MAX_THREADS` = 256).
+pub const BOUNDS_THREADS: u32 = 256;
+/// Blocks of `bounds_blocks` (they stride over the particles): enough to fill a device,
+/// few enough to reduce on the host at once.
+pub const BOUNDS_BLOCKS: u32 = 1024;
+/// Threads of a radix-sort block (`RADIX_THREADS` in keys.cu: one per digit value).
+pub const RADIX_THREADS: u32 = 256;
+/// Records per radix-sort block (`RADIX_TILE` in keys.cu).
+pub const RADIX_TILE: usize = 256 * 16;
+/// Bits per radix-sort pass; the passes cover the 64 bits of a key.
+pub const RADIX_BITS: u32 = 8;
+/// Threads of the one `radix_offsets` block.
+pub const OFFSETS_THREADS: u32 = 1024;
+
+/// Blocks of a radix-sort pass over `n` records.
+pub fn sort_blocks(n: usize) -> usize {
+    n.div_ceil(RADIX_TILE).max(1)
+}
+
+/// The bounding cube of the particles from the extremes `bounds_blocks` wrote
+/// (`BOUNDS_FIELDS` per block), the one `Tree::bounding_cube` makes of the same positions;
+/// `None` when a block saw a position or mass that is not finite.
+pub fn cube_of_bounds(blocks: &[f64]) -> Option<BoundingCube> {
+    let (mut lo, mut hi) = ([f64::MAX; 3], [f64::MIN; 3]);
+    for block in blocks.chunks_exact(BOUNDS_FIELDS) {
+        if block[6] != 0.0 {
+            return None;
+        }
+        for k in 0..3 {
+            lo[k] = lo[k].min(block[k]);
+            hi[k] = hi[k].max(block[3 + k]);
+        }
+    }
+    Some(BoundingCube::around(lo, hi))
+}
+
+/// Bytes of device memory the tree-order sort of `particles` particles keeps between
+/// steps: keys and indices twice (the radix sort's two sides), the positions and masses in
+/// sorted order, the digit counts of a pass and the blocks' extremes.
+pub fn sort_bytes(particles: usize) -> usize {
+    let n = particles;
+    2 * (8 + 4) * n
+        + (3 + 1) * 8 * n
+        + 4 * RADIX_THREADS as usize * sort_blocks(n)
+        + 8 * BOUNDS_FIELDS * BOUNDS_BLOCKS as usize
+}
