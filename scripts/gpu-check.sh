@@ -8,7 +8,8 @@
 # The host still builds the tree and the lists (CPU); the GPU line times the device passes,
 # and the "GPU tree order" lines the device's keys and sort (what a run does each step),
 # checked against the host's tree (the command fails if they differ).
-# Last, a run of ~100 adaptive steps on the Milky Way model with backend = cuda (particles
+# Then three steps of a run at N2 with the particles resident on the GPU (the whole
+# evaluation: device sort, host cells and walk, device passes). Last, a run of ~100 adaptive steps on the Milky Way model with backend = cuda (particles
 # resident on the device: kick, drift, time step criterion, diagnostics sums and force
 # passes there) and the same run on the CPU: compare the conservation columns of their
 # diagnostics.csv.
@@ -54,6 +55,24 @@ for n in "$N1" "$N2"; do
         -o "$OUT/forces_$n.hdf5" "${extra[@]}" 2>&1 | grep -v "^wrote"
     echo "exit status ${PIPESTATUS[0]}"
 done
+
+echo "== N = $N2: 3 fixed steps with the particles resident on the GPU (the device keys and sorts them, the host splits the cells and walks, the device runs the passes): the per-step force time and phases (diagnostics.csv)"
+cat > "$OUT/big.toml" <<EOF
+name = "gpu_big"
+output_dir = "$OUT/runs"
+[ics]
+file = "$OUT/mw_$N2.hdf5"
+[gravity]
+softening = 0.05
+[integrator]
+t_end = 0.0003
+dt_max = 0.0001
+fixed_step = true
+EOF
+timeout 200 "$BIN" run "$OUT/big.toml" --backend cuda 2>&1 | tail -3
+echo "exit status ${PIPESTATUS[0]}"
+f="$OUT/runs/gpu_big/diagnostics.csv"
+[ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
 
 echo "== ~100-step run, N = 100000: backend cuda (resident state), then cpu (diagnostics: first columns, last row)"
 cat > "$OUT/run.toml" <<EOF
