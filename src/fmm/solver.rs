@@ -503,9 +503,7 @@ impl FmmSolver {
         let unsorted = match input {
             TreeInput::Unsorted { pos, mass } => Some((pos, mass)),
             TreeInput::Sorted(sorted) => {
-                self.tree
-                    .adopt_sorted(sorted, id)
-                    .map_err(|e| GravityError::Device(e.to_string()))?;
+                self.tree.adopt_sorted(sorted, id)?;
                 None
             }
         };

@@ -191,8 +191,28 @@ impl Tree {
         if !(1..n).into_par_iter().all(|i| keys[i - 1] <= keys[i]) {
             return Err(NotSorted("keys out of order"));
         }
-        if !sorted.order.par_iter().all(|&i| (i as usize) < n) {
+        // Every index below n and each once: the sums of the indices and of their squares
+        // (modulo 2^64) are those of 0..n (a sort that lost one record and wrote another
+        // twice would have to keep both sums).
+        let (largest, sum, squares) = sorted
+            .order
+            .par_iter()
+            .map(|&i| (i, u64::from(i), u64::from(i) * u64::from(i)))
+            .reduce(
+                || (0, 0, 0),
+                |a, b| (a.0.max(b.0), a.1.wrapping_add(b.1), a.2.wrapping_add(b.2)),
+            );
+        if n > 0 && largest as usize >= n {
             return Err(NotSorted("an index past the particles"));
+        }
+        let (m, last) = (n as u128, (n as u128).saturating_sub(1));
+        if (sum, squares)
+            != (
+                (m * last / 2) as u64,
+                (last * m * (2 * last + 1) / 6) as u64,
+            )
+        {
+            return Err(NotSorted("an index twice"));
         }
         let cube = sorted.cube.ok_or(NotSorted("no cube"))?;
         std::mem::swap(&mut self.keys, &mut sorted.keys);
@@ -707,6 +727,12 @@ mod tests {
         let mut bad = copy(&good);
         bad.order[5] = 3000;
         assert!(t.adopt_sorted(&mut bad, &id).is_err());
+        let mut bad = copy(&good);
+        bad.order[5] = bad.order[6];
+        assert_eq!(
+            t.adopt_sorted(&mut bad, &id),
+            Err(NotSorted("an index twice"))
+        );
         let mut bad = copy(&good);
         bad.mass.pop();
         assert!(t.adopt_sorted(&mut bad, &id).is_err());

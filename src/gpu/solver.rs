@@ -25,6 +25,10 @@ pub struct GpuSolver {
     /// The device's sort of them into tree order, on its way to the host's tree (buffers
     /// swapped with the tree's each step).
     sorted: SortedParticles,
+    /// False once the host has rejected a device sort: the host sorts from then on.
+    sort_on_device: bool,
+    /// Said once, at the next `take_warnings`.
+    warnings: Vec<String>,
 }
 
 /// A device failure as the solver's error.
@@ -40,6 +44,8 @@ impl GpuSolver {
             device,
             state: None,
             sorted: SortedParticles::default(),
+            sort_on_device: true,
+            warnings: Vec::new(),
         }
     }
 
@@ -58,6 +64,46 @@ impl GpuSolver {
         };
         self.host
             .plan_with(&particles.pos, &particles.mass, &particles.id, with)
+    }
+
+    /// The plan from the device's sort of the resident particles into tree order; `None`
+    /// when the host rejects that sort (then, with a warning, the host sorts from now on:
+    /// a fault of the device sort costs speed, not the run).
+    fn plan_device_sorted(
+        &mut self,
+        particles: &mut Particles,
+    ) -> Result<Option<FmmStats>, GravityError> {
+        let state = self.state.as_ref().ok_or_else(not_loaded)?;
+        let t0 = Instant::now();
+        let finite = self
+            .device
+            .sort_resident(state, &mut self.sorted)
+            .map_err(device_error)?;
+        if !finite {
+            // The host's copy names the particle (its masses are the device's).
+            self.device
+                .positions(state, &mut particles.pos)
+                .map_err(device_error)?;
+            check_finite(particles)?;
+            return Err(GravityError::Device(
+                "a position on the device is not finite".into(),
+            ));
+        }
+        let sorting = t0.elapsed().as_secs_f64();
+        match self.host.plan_sorted(&mut self.sorted, &particles.id) {
+            Ok(mut stats) => {
+                stats.seconds.tree += sorting;
+                Ok(Some(stats))
+            }
+            Err(GravityError::NotSorted(why)) => {
+                self.sort_on_device = false;
+                self.warnings.push(format!(
+                    "the device's sort into tree order was rejected ({why}); the host sorts from now on"
+                ));
+                Ok(None)
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// Forces for every particle, or for those flagged in `active`, with positions going up
@@ -132,7 +178,9 @@ impl GravitySolver for GpuSolver {
     }
 
     fn take_warnings(&mut self) -> Vec<String> {
-        self.host.take_warnings()
+        let mut warnings = std::mem::take(&mut self.warnings);
+        warnings.extend(self.host.take_warnings());
+        warnings
     }
 
     fn caps(&self) -> Option<Caps> {
@@ -169,25 +217,21 @@ impl ResidentState for GpuSolver {
         if particles.is_empty() {
             return Ok(no_work());
         }
-        let state = self.state.as_mut().ok_or_else(not_loaded)?;
-        let t0 = Instant::now();
-        let finite = self
-            .device
-            .sort_resident(state, &mut self.sorted)
-            .map_err(device_error)?;
-        if !finite {
-            // The host's copy names the particle (its masses are the device's).
-            self.device
-                .positions(state, &mut particles.pos)
-                .map_err(device_error)?;
-            check_finite(particles)?;
-            return Err(GravityError::Device(
-                "a position on the device is not finite".into(),
-            ));
-        }
-        let sorting = t0.elapsed().as_secs_f64();
-        let mut stats = self.host.plan_sorted(&mut self.sorted, &particles.id)?;
-        stats.seconds.tree += sorting;
+        let sorted_plan = if self.sort_on_device {
+            self.plan_device_sorted(particles)?
+        } else {
+            None
+        };
+        let stats = match sorted_plan {
+            Some(stats) => stats,
+            None => {
+                let state = self.state.as_ref().ok_or_else(not_loaded)?;
+                self.device
+                    .positions(state, &mut particles.pos)
+                    .map_err(device_error)?;
+                self.plan(particles, None)?
+            }
+        };
         let plan = self.host.device_plan()?;
         let settings = self.host.settings();
         let caps = self.host.caps().unwrap_or_default();

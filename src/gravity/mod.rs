@@ -59,6 +59,9 @@ pub enum GravityError {
     /// The GPU backend failed (driver, kernels, or an evaluation it cannot run).
     #[error("GPU backend: {0}")]
     Device(String),
+    /// A device's sort of the particles into tree order is not one (`Tree::adopt_sorted`).
+    #[error("GPU backend: {0}")]
+    NotSorted(#[from] crate::fmm::tree::NotSorted),
     /// The FMM's buffers kept overflowing.
     #[error("the FMM buffers still overflowed after {retries} retries; raise gravity.cap_growth")]
     CapsDiverged {
