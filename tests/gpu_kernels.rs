@@ -396,13 +396,16 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     let runs = sorted_keys.windows(2).filter(|w| w[0] == w[1]).count();
     assert!(runs >= 200, "{runs} equal neighbouring keys");
     // The host's tree from the device's order is the tree it builds itself.
-    let mut sorted = SortedParticles {
+    // What the device hands the host: its sorted keys and order, the positions and masses
+    // gathered in that order.
+    let device_sorted = || SortedParticles {
         cube: Some(cube),
-        keys: sorted_keys,
+        keys: sorted_keys.clone(),
         order: index.clone(),
         pos: index.iter().map(|&i| pos[i as usize]).collect(),
         mass: index.iter().map(|&i| mass[i as usize]).collect(),
     };
+    let mut sorted = device_sorted();
     let (mut from_device, mut on_host) = (Tree::default(), Tree::default());
     from_device.adopt_sorted(&mut sorted, &id).unwrap();
     from_device.build_cells(16, 10_000).unwrap();
@@ -443,13 +446,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     );
     a.set_caps(small);
     b.set_caps(small);
-    let mut sorted = SortedParticles {
-        cube: Some(cube),
-        keys: index.iter().map(|&i| keys[i as usize]).collect(),
-        order: index.clone(),
-        pos: index.iter().map(|&i| pos[i as usize]).collect(),
-        mass: index.iter().map(|&i| mass[i as usize]).collect(),
-    };
+    let mut sorted = device_sorted();
     let stats = a.plan_sorted(&mut sorted, &id).unwrap();
     assert!(stats.retries >= 2, "{} retries", stats.retries);
     b.plan_with(&pos, &mass, &id, Default::default()).unwrap();
@@ -467,6 +464,19 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
         (pa.p2p_spans, pa.p2p_sources),
         (pb.p2p_spans, pb.p2p_sources)
     );
+    // A sort that is not one (an index twice) is refused with its own error, and the same
+    // solver then plans from the positions as before (the GPU solver's fallback).
+    let mut broken = device_sorted();
+    broken.order[7] = broken.order[8];
+    assert!(matches!(
+        a.plan_sorted(&mut broken, &id),
+        Err(leapfmm::gravity::GravityError::NotSorted(_))
+    ));
+    a.plan_with(&pos, &mass, &id, Default::default()).unwrap();
+    let (pa, pb) = (a.device_plan().unwrap(), b.device_plan().unwrap());
+    assert_eq!(pa.order_of, pb.order_of);
+    assert_eq!(pa.m2l_sources, pb.m2l_sources);
+    assert_eq!(pa.p2p_sources, pb.p2p_sources);
     // A mass that is not finite shows in the extremes' flag.
     let mut bad = mass.clone();
     bad[8999] = f64::NAN;
