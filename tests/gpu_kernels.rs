@@ -354,15 +354,21 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
         id.swap(i, rng.random_range(0..=i));
     }
     // Extremes: 5 blocks of 64 threads, each thread striding over many particles.
-    let (blocks, block) = (5u32, 64u32);
-    let mut b = Vec::new();
-    u32_bytes(&mut b, &[n as u32, blocks, block]);
-    f64_bytes(&mut b, pos.iter().flatten().copied());
-    f64_bytes(&mut b, mass.iter().copied());
-    let bounds = f64s(&run_harness("bounds", &b));
-    assert_eq!(bounds.len(), BOUNDS_FIELDS * blocks as usize);
-    let cube = cube_of_bounds(&bounds).expect("finite particles");
+    // Extremes: 5 blocks of 64 threads, each thread striding over many particles; then
+    // 200 blocks, the last ones without a particle (as on a device with fewer particles
+    // than its launch's threads).
+    let bounds_of = |blocks: u32, mass: &[f64]| {
+        let mut b = Vec::new();
+        u32_bytes(&mut b, &[n as u32, blocks, 64]);
+        f64_bytes(&mut b, pos.iter().flatten().copied());
+        f64_bytes(&mut b, mass.iter().copied());
+        let bounds = f64s(&run_harness("bounds", &b));
+        assert_eq!(bounds.len(), BOUNDS_FIELDS * blocks as usize);
+        cube_of_bounds(&bounds)
+    };
+    let cube = bounds_of(5, &mass).expect("finite particles");
     assert_eq!(cube, Tree::bounding_cube(&pos));
+    assert_eq!(bounds_of(200, &mass), Some(cube));
     // Keys, then the radix sort's eight passes.
     let mut b = Vec::new();
     u32_bytes(&mut b, &[n as u32, 128]);
@@ -480,11 +486,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     // A mass that is not finite shows in the extremes' flag.
     let mut bad = mass.clone();
     bad[8999] = f64::NAN;
-    let mut b = Vec::new();
-    u32_bytes(&mut b, &[n as u32, blocks, block]);
-    f64_bytes(&mut b, pos.iter().flatten().copied());
-    f64_bytes(&mut b, bad.iter().copied());
-    assert_eq!(cube_of_bounds(&f64s(&run_harness("bounds", &b))), None);
+    assert_eq!(bounds_of(5, &bad), None);
 }
 
 fn u32_bytes(b: &mut Vec<u8>, v: &[u32]) {
