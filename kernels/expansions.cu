@@ -174,45 +174,165 @@ extern "C" __global__ void l2l_cells(
 // high and low 32 bits of `spans[cell]` (the host walk's per-cell pieces, as it wrote them):
 //   L_k^l += (-1)^k Σ_{n + k <= p} Σ_m M_n^m I_{n+k}^{m+l}(R),  R = target centre - source centre.
 // The direct O(p^4) form of the CPU backend's rotation-based translation (same truncation).
+//
+// One block of M2L_THREADS threads (a warp) per target cell. For each source the threads
+// unpack its multipole into shared memory with the negative orders written out, and
+// compute the irregular harmonics of R there (thread m the column of order m, the negative
+// order by symmetry), so that every term is a plain product of two shared values. The sum
+// is cut into pieces (k, l, n): the terms of output (k, l) with multipole degree n,
+// 2n + 1 of them. Pieces go to threads in order of decreasing size, back and forth across
+// the warp, so every thread gets about the same number of terms; each piece is summed over
+// the sources in list order in its own shared slot, and at the end each output adds its
+// pieces in increasing n: a fixed order, so the result does not change from run to run.
+#define M2L_THREADS 32
+// Pieces of order LEAPFMM_MAX_ORDER: Σ_k (k + 1)(p - k + 1) for p = 12.
+#define M2L_MAX_PIECES 455
+// Complex values of an expansion with the negative orders written out: (p + 1)^2.
+#define M2L_FULL ((LEAPFMM_MAX_ORDER + 1) * (LEAPFMM_MAX_ORDER + 1))
+
+// Index of (n, m), -n <= m <= n, in an expansion with the negative orders written out.
+__device__ __forceinline__ int full_index(int n, int m) { return n * n + n + m; }
+
+// Pieces of degree n: outputs (k, l) with k <= p - n, 0 <= l <= k.
+__device__ __forceinline__ int pieces_of_degree(int p, int n) {
+    return (p - n + 1) * (p - n + 2) / 2;
+}
+
+// Where piece (k, l, n) sits: degrees from p down to 0, within one (k, l) in cidx order.
+__device__ __forceinline__ int piece_index(int p, int k, int l, int n) {
+    int at = 0;
+    for (int d = p; d > n; --d) at += pieces_of_degree(p, d);
+    return at + cidx(k, l);
+}
+
+// The slot of the warp's thread `lane` in round `round` of the back-and-forth deal.
+__device__ __forceinline__ int dealt(int round, int lane) {
+    return round * M2L_THREADS + ((round % 2 == 0) ? lane : M2L_THREADS - 1 - lane);
+}
+
 extern "C" __global__ void m2l_cells(
     const unsigned* __restrict__ targets, unsigned count,
     const unsigned long long* __restrict__ spans, const unsigned* __restrict__ sources,
     const double* __restrict__ centre,
     const double* __restrict__ multipoles, int p, double* __restrict__ locals)
 {
-    const unsigned t = blockIdx.x * blockDim.x + threadIdx.x;
+    __shared__ double m_full[2 * M2L_FULL];
+    __shared__ double i_full[2 * M2L_FULL];
+    __shared__ double part[2 * M2L_MAX_PIECES];
+    const unsigned t = blockIdx.x;
+    const int lane = (int)threadIdx.x;
     if (t >= count) {
         return;
     }
-    const int len = (p + 1) * (p + 2);
     const unsigned cell = targets[t];
-    double* out = locals + (size_t)cell * len;
-    double irr[LEAPFMM_MAX_LEN];
     const unsigned long long span = spans[cell];
     const unsigned first = (unsigned)(span >> 32);
     const unsigned last = first + (unsigned)(span & 0xffffffffu);
+    if (first == last) {
+        return;
+    }
+    const int len = (p + 1) * (p + 2);
+    const int full = (p + 1) * (p + 1);
+    int pieces = 0;
+    for (int n = 0; n <= p; ++n) pieces += pieces_of_degree(p, n);
+    for (int i = lane; i < pieces; i += M2L_THREADS) {
+        part[2 * i] = 0.0;
+        part[2 * i + 1] = 0.0;
+    }
+    const double tx = centre[3 * cell], ty = centre[3 * cell + 1], tz = centre[3 * cell + 2];
     for (unsigned s = first; s < last; ++s) {
         const unsigned src = sources[s];
-        irregular(p, centre[3 * cell] - centre[3 * src], centre[3 * cell + 1] - centre[3 * src + 1],
-                  centre[3 * cell + 2] - centre[3 * src + 2], irr);
         const double* m_src = multipoles + (size_t)src * len;
-        for (int k = 0; k <= p; ++k) {
-            const double sign = (k % 2 == 0) ? 1.0 : -1.0;
-            for (int l = 0; l <= k; ++l) {
-                double re = 0.0, im = 0.0;
-                for (int n = 0; n + k <= p; ++n) {
-                    for (int m = -n; m <= n; ++m) {
-                        double mr, mi, ir, ii;
-                        coefficient(m_src, n, m, &mr, &mi);
-                        coefficient(irr, n + k, m + l, &ir, &ii);
-                        re += mr * ir - mi * ii;
-                        im += mr * ii + mi * ir;
-                    }
+        __syncthreads();
+        for (int i = lane; i < full; i += M2L_THREADS) {
+            int n = 0;
+            while ((n + 1) * (n + 1) <= i) ++n;
+            coefficient(m_src, n, i - n * n - n, &m_full[2 * i], &m_full[2 * i + 1]);
+        }
+        if (lane <= p) {
+            // Column m = lane of irregular(): the diagonal up to (m, m), then down the column.
+            const int m = lane;
+            const double x = tx - centre[3 * src], y = ty - centre[3 * src + 1],
+                         z = tz - centre[3 * src + 2];
+            const double inv_r2 = 1.0 / (x * x + y * y + z * z);
+            double dr = sqrt(inv_r2), di = 0.0;
+            for (int d = 1; d <= m; ++d) {
+                const double f = -(double)(2 * d - 1) * inv_r2;
+                const double r = f * (x * dr - y * di), i = f * (x * di + y * dr);
+                dr = r;
+                di = i;
+            }
+            // (n, m) and, by the real-source symmetry, (n, -m) = (-1)^m conj(n, m).
+            const double odd = (m % 2 == 0) ? 1.0 : -1.0;
+            double a_r = dr, a_i = di, b_r = 0.0, b_i = 0.0;
+            for (int n = m; n <= p; ++n) {
+                double c_r, c_i;
+                if (n == m) {
+                    c_r = dr;
+                    c_i = di;
+                } else if (n == m + 1) {
+                    const double f = (double)(2 * m + 1) * z * inv_r2;
+                    c_r = f * a_r;
+                    c_i = f * a_i;
+                } else {
+                    const double c1 = (double)(2 * n - 1) * z;
+                    const double c2 = (double)((n - 1) * (n - 1) - m * m);
+                    c_r = (c1 * a_r - c2 * b_r) * inv_r2;
+                    c_i = (c1 * a_i - c2 * b_i) * inv_r2;
                 }
-                const int c = cidx(k, l);
-                out[2 * c] += sign * re;
-                out[2 * c + 1] += sign * im;
+                i_full[2 * full_index(n, m)] = c_r;
+                i_full[2 * full_index(n, m) + 1] = c_i;
+                if (m > 0) {
+                    i_full[2 * full_index(n, -m)] = odd * c_r;
+                    i_full[2 * full_index(n, -m) + 1] = -odd * c_i;
+                }
+                if (n > m) {
+                    b_r = a_r;
+                    b_i = a_i;
+                }
+                a_r = c_r;
+                a_i = c_i;
             }
         }
+        __syncthreads();
+        // This thread's pieces: degrees from p down, the (k, l) of each in cidx order.
+        int round = 0, slot = dealt(0, lane), at = 0;
+        for (int n = p; n >= 0 && slot < pieces; --n) {
+            const int here = pieces_of_degree(p, n);
+            for (; slot < at + here; slot = dealt(++round, lane)) {
+                const int c = slot - at;
+                int k = 0;
+                while ((k + 1) * (k + 2) / 2 <= c) ++k;
+                const int l = c - k * (k + 1) / 2;
+                double re = 0.0, im = 0.0;
+                const double* mm = &m_full[2 * full_index(n, -n)];
+                const double* ii = &i_full[2 * full_index(n + k, l - n)];
+                for (int j = 0; j <= 2 * n; ++j) {
+                    const double mr = mm[2 * j], mi = mm[2 * j + 1];
+                    const double ir = ii[2 * j], ic = ii[2 * j + 1];
+                    re += mr * ir - mi * ic;
+                    im += mr * ic + mi * ir;
+                }
+                part[2 * slot] += re;
+                part[2 * slot + 1] += im;
+            }
+            at += here;
+        }
+    }
+    __syncthreads();
+    double* out = locals + (size_t)cell * len;
+    for (int c = lane; c < len / 2; c += M2L_THREADS) {
+        int k = 0;
+        while ((k + 1) * (k + 2) / 2 <= c) ++k;
+        const int l = c - k * (k + 1) / 2;
+        double re = 0.0, im = 0.0;
+        for (int n = 0; n + k <= p; ++n) {
+            const int at = piece_index(p, k, l, n);
+            re += part[2 * at];
+            im += part[2 * at + 1];
+        }
+        const double sign = (k % 2 == 0) ? 1.0 : -1.0;
+        out[2 * c] += sign * re;
+        out[2 * c + 1] += sign * im;
     }
 }

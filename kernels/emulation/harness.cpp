@@ -18,7 +18,7 @@
 //   harness bounds IN OUT     IN: n, blocks, block, pos, mass; OUT: the blocks' extremes (7 each)
 //   harness sort IN OUT       IN: n, block, cube corner, scale, pos; OUT: the Morton keys, then
 //                             the keys and particle indices after the radix sort's 8 passes
-//   harness m2l IN OUT        IN: cells, targets, list length, p, block, centres, targets,
+//   harness m2l IN OUT        IN: cells, targets, list length, p, centres, targets,
 //                             spans (per cell), list, multipoles; OUT: locals (zero before)
 #include "cuda_shim.h"
 #include "../p2p.cu"
@@ -226,7 +226,7 @@ int main(int argc, char** argv) {
         put(out, index);
     } else if (mode == "m2l") {
         auto cells = in.one<uint32_t>(), count = in.one<uint32_t>(), n_list = in.one<uint32_t>();
-        auto p = in.one<uint32_t>(), block = in.one<uint32_t>();
+        auto p = in.one<uint32_t>();
         auto centre = in.many<double>(3 * cells);
         auto which = in.many<uint32_t>(count);
         auto spans = in.many<uint64_t>(cells);
@@ -234,7 +234,7 @@ int main(int argc, char** argv) {
         size_t len = (size_t)(p + 1) * (p + 2);
         auto m = in.many<double>(cells * len);
         std::vector<double> l(cells * len, 0.0);
-        launch((count + block - 1) / block, block, m2l_cells, (const unsigned*)which.data(),
+        launch(count, M2L_THREADS, m2l_cells, (const unsigned*)which.data(),
                (unsigned)count, (const unsigned long long*)spans.data(), (const unsigned*)list.data(),
                (const double*)centre.data(), (const double*)m.data(), (int)p, l.data());
         put(out, l);
@@ -287,7 +287,7 @@ int main(int argc, char** argv) {
         }
         std::vector<unsigned> all(cells);
         for (unsigned c = 0; c < cells; ++c) all[c] = c;
-        launch(grid(own_cells), block, m2l_cells, (const unsigned*)all.data(), (unsigned)own_cells,
+        launch(own_cells, M2L_THREADS, m2l_cells, (const unsigned*)all.data(), (unsigned)own_cells,
                (const unsigned long long*)m2l_spans.data(), (const unsigned*)m2l_list.data(),
                (const double*)centre.data(), (const double*)multipoles.data(), (int)p,
                locals.data());

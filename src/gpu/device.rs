@@ -12,7 +12,7 @@
 //! backend. Not yet verified on a GPU: no device was lent while it was written
 //! (scripts/gpu-check.sh is the check).
 
-use super::memory::{DeviceLengths, THREADS_PER_BLOCK, resident_f64_counts};
+use super::memory::{DeviceLengths, M2L_THREADS, THREADS_PER_BLOCK, resident_f64_counts};
 use super::nvrtc::{KernelError, compile_all};
 use super::sort::{
     BOUNDS_BLOCKS, BOUNDS_FIELDS, BOUNDS_THREADS, OFFSETS_THREADS, RADIX_BITS, RADIX_THREADS,
@@ -830,8 +830,14 @@ fn run_passes(
         .arg(&b.m2l_sources.buf)
         .arg(&b.centre.buf);
     launch.arg(&b.multipoles.buf).arg(&p).arg(&mut b.locals.buf);
-    // SAFETY: the arguments match m2l_cells's signature and the buffers' sizes.
-    unsafe { launch.launch(grid(cells)) }?;
+    // SAFETY: the arguments match m2l_cells's signature and the buffers' sizes; one block
+    // of M2L_THREADS per target cell.
+    let per_target = LaunchConfig {
+        grid_dim: (cells32.max(1), 1, 1),
+        block_dim: (M2L_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    unsafe { launch.launch(per_target) }?;
     stream.synchronize()?;
     secs.m2l = t.elapsed().as_secs_f64();
 

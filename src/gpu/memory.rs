@@ -23,6 +23,9 @@ pub const RESIDENT_BUFFERS: usize = 7;
 /// `max_acceleration_blocks`, a power of two ≤ MAX_ACC_BLOCK in integrate.cu).
 pub const THREADS_PER_BLOCK: u32 = 128;
 
+/// Threads of an M2L block, one block per target cell (`M2L_THREADS` in expansions.cu).
+pub const M2L_THREADS: u32 = 32;
+
 /// Element counts of the resident state of `particles` particles, in the order
 /// `DeviceState` keeps them: positions, velocities, masses, accelerations, potentials (the
 /// run's particle order), 4 per-component maxima of |a|² per block of the criterion's
