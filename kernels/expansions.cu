@@ -17,25 +17,25 @@ extern "C" __global__ void p2m_leaves(
     }
     const unsigned leaf = leaves[k];
     const int len = (p + 1) * (p + 2);
-    double r[LEAPFMM_MAX_LEN];
     double* out = multipoles + (size_t)leaf * len;
     for (int c = 0; c < len; ++c) {
         out[c] = 0.0;
     }
     const double cx = centre[3 * leaf], cy = centre[3 * leaf + 1], cz = centre[3 * leaf + 2];
     for (unsigned i = cell_begin[leaf]; i < cell_end[leaf]; ++i) {
-        regular(p, pos[3 * i] - cx, pos[3 * i + 1] - cy, pos[3 * i + 2] - cz, r);
         const double q = mass[i];
-        for (int c = 0; c < len / 2; ++c) {
-            out[2 * c] += q * r[2 * c];
-            out[2 * c + 1] -= q * r[2 * c + 1];
-        }
+        for_each_regular(p, pos[3 * i] - cx, pos[3 * i + 1] - cy, pos[3 * i + 2] - cz,
+                         [&](int n, int m, double re, double im) {
+                             out[2 * cidx(n, m)] += q * re;
+                             out[2 * cidx(n, m) + 1] -= q * im;
+                         });
     }
 }
 
 // Accelerations and potentials of `n` particles from the local expansion of their leaf
 // (`leaf_of[i]`): Φ = -G Σ conj(R(x)) L, a from the gradient (L'_1^i of the CPU backend).
-// Overwrites acc and pot (the near field adds to them afterwards).
+// Overwrites acc and pot (the near field adds to them afterwards). Each regular harmonic is
+// used as `for_each_regular` makes it, so no array of them is kept.
 extern "C" __global__ void l2p_particles(
     const double* __restrict__ pos, const unsigned* __restrict__ leaf_of,
     const double* __restrict__ leaf_centre, const double* __restrict__ locals, unsigned n,
@@ -48,34 +48,36 @@ extern "C" __global__ void l2p_particles(
     const int len = (p + 1) * (p + 2);
     const unsigned leaf = leaf_of[i];
     const double* local = locals + (size_t)leaf * len;
-    double r[LEAPFMM_MAX_LEN];
-    regular(p, pos[3 * i] - leaf_centre[3 * leaf], pos[3 * i + 1] - leaf_centre[3 * leaf + 1],
-            pos[3 * i + 2] - leaf_centre[3 * leaf + 2], r);
-    double phi = 0.0;
-    for (int k = 0; k <= p; ++k) {
-        for (int l = 0; l <= k; ++l) {
-            const int c = cidx(k, l);
-            const double w = l == 0 ? 1.0 : 2.0;
-            phi += r[2 * c] * (w * local[2 * c]) + r[2 * c + 1] * (w * local[2 * c + 1]);
+    const double x = pos[3 * i] - leaf_centre[3 * leaf];
+    const double y = pos[3 * i + 1] - leaf_centre[3 * leaf + 1];
+    const double z = pos[3 * i + 2] - leaf_centre[3 * leaf + 2];
+    double phi = 0.0, l10 = 0.0, l11r = 0.0, l11i = 0.0;
+    for_each_regular(p, x, y, z, [&](int d, int m, double rr, double ri) {
+        // Φ: conj(R_d^m) L_d^m for m >= 0, twice for m > 0 (the -m term is its conjugate).
+        const int c = cidx(d, m);
+        const double w = m == 0 ? 1.0 : 2.0;
+        phi += rr * (w * local[2 * c]) + ri * (w * local[2 * c + 1]);
+        if (d + 1 > p) {
+            return;
         }
-    }
-    double l10 = 0.0, l11r = 0.0, l11i = 0.0;
-    for (int k = 1; k <= p; ++k) {
-        const int d = k - 1;
-        for (int l = -k; l <= k; ++l) {
-            double lr, li, rr, ri;
-            coefficient(local, k, l, &lr, &li);
-            if ((l < 0 ? -l : l) <= d) {
-                coefficient(r, d, l, &rr, &ri);
-                l10 += lr * rr + li * ri;
-            }
-            if ((l - 1 < 0 ? 1 - l : l - 1) <= d) {
-                coefficient(r, d, l - 1, &rr, &ri);
-                l11r += lr * rr + li * ri;
-                l11i += li * rr - lr * ri;
-            }
+        // The gradient: R_d^j with L_{d+1}^j (l10) and with L_{d+1}^{j+1} (l11), for
+        // j = m and, when m > 0, j = -m (R_d^{-m} = (-1)^m conj(R_d^m)).
+        double lr, li;
+        coefficient(local, d + 1, m, &lr, &li);
+        l10 += lr * rr + li * ri;
+        coefficient(local, d + 1, m + 1, &lr, &li);
+        l11r += lr * rr + li * ri;
+        l11i += li * rr - lr * ri;
+        if (m > 0) {
+            const double odd = (m % 2 == 0) ? 1.0 : -1.0;
+            const double nr = odd * rr, ni = -odd * ri;
+            coefficient(local, d + 1, -m, &lr, &li);
+            l10 += lr * nr + li * ni;
+            coefficient(local, d + 1, 1 - m, &lr, &li);
+            l11r += lr * nr + li * ni;
+            l11i += li * nr - lr * ni;
         }
-    }
+    });
     acc[3 * i] = g * -l11r;
     acc[3 * i + 1] = g * -l11i;
     acc[3 * i + 2] = g * l10;

@@ -10,33 +10,50 @@
 
 __device__ __forceinline__ int cidx(int n, int m) { return n * (n + 1) / 2 + m; }
 
-// Regular solid harmonics R_n^m(x) for n <= p into out[2 * cidx(n, m) + {0, 1}].
-__device__ __forceinline__ void regular(int p, double x, double y, double z, double* out) {
+// Calls visit(n, m, re, im) with each regular solid harmonic R_n^m(x), n <= p, m >= 0, as
+// the recurrence makes it: by columns of order m (from the diagonal R_m^m down to R_p^m).
+// Kernels that use each value once take it here and keep no array of them (an array of
+// them would live in local memory).
+template <class Visit>
+__device__ __forceinline__ void for_each_regular(int p, double x, double y, double z, Visit visit) {
     const double r2 = x * x + y * y + z * z;
-    out[0] = 1.0;
-    out[1] = 0.0;
+    double diag_r = 1.0, diag_i = 0.0;
     for (int m = 0; m <= p; ++m) {
-        const int d = cidx(m, m);
         if (m > 0) {
-            const int prev = cidx(m - 1, m - 1);
-            const double pr = out[2 * prev], pi = out[2 * prev + 1];
             const double f = -1.0 / (2.0 * m);
-            out[2 * d] = f * (x * pr - y * pi);
-            out[2 * d + 1] = f * (x * pi + y * pr);
+            const double re = f * (x * diag_r - y * diag_i), im = f * (x * diag_i + y * diag_r);
+            diag_r = re;
+            diag_i = im;
         }
-        if (m < p) {
-            const int k = cidx(m + 1, m);
-            out[2 * k] = z * out[2 * d];
-            out[2 * k + 1] = z * out[2 * d + 1];
-        }
-        for (int n = m + 2; n <= p; ++n) {
-            const int k = cidx(n, m), a = cidx(n - 1, m), b = cidx(n - 2, m);
-            const double inv = 1.0 / (double)((n - m) * (n + m));
-            const double cz = (double)(2 * n - 1) * z;
-            out[2 * k] = (cz * out[2 * a] - r2 * out[2 * b]) * inv;
-            out[2 * k + 1] = (cz * out[2 * a + 1] - r2 * out[2 * b + 1]) * inv;
+        // (a, b): R_{n-1}^m and R_{n-2}^m.
+        double a_r = diag_r, a_i = diag_i, b_r = 0.0, b_i = 0.0;
+        visit(m, m, diag_r, diag_i);
+        for (int n = m + 1; n <= p; ++n) {
+            double re, im;
+            if (n == m + 1) {
+                re = z * a_r;
+                im = z * a_i;
+            } else {
+                const double inv = 1.0 / (double)((n - m) * (n + m));
+                const double cz = (double)(2 * n - 1) * z;
+                re = (cz * a_r - r2 * b_r) * inv;
+                im = (cz * a_i - r2 * b_i) * inv;
+            }
+            b_r = a_r;
+            b_i = a_i;
+            a_r = re;
+            a_i = im;
+            visit(n, m, re, im);
         }
     }
+}
+
+// Regular solid harmonics R_n^m(x) for n <= p into out[2 * cidx(n, m) + {0, 1}].
+__device__ __forceinline__ void regular(int p, double x, double y, double z, double* out) {
+    for_each_regular(p, x, y, z, [&](int n, int m, double re, double im) {
+        out[2 * cidx(n, m)] = re;
+        out[2 * cidx(n, m) + 1] = im;
+    });
 }
 
 // Irregular solid harmonics I_n^m(x) for n <= p (x != 0).

@@ -538,9 +538,15 @@ fn p2m_kernel_matches_the_cpu_multipoles() {
 
 #[test]
 fn l2p_kernel_matches_the_cpu_local_evaluation() {
+    for p in [1usize, 2, 7, 12] {
+        l2p_kernel_matches_at_order(p);
+    }
+}
+
+fn l2p_kernel_matches_at_order(p: usize) {
     use leapfmm::fmm::expansion::{M2L_LANES, Operators, real_len};
     let l = leaves(&[5, 17, 1, 40], 31);
-    let (p, g) = (7usize, 2.5);
+    let g = 2.5;
     let len = real_len(p);
     let nl = l.begin.len();
     let locals = random_expansions(nl, p, 8);
@@ -569,7 +575,7 @@ fn l2p_kernel_matches_the_cpu_local_evaluation() {
         for k in 0..4 {
             assert!(
                 (got[k] - want[k]).abs() <= 1e-12 * want[k].abs().max(1.0),
-                "particle {i} component {k}: {} vs {}",
+                "p = {p}, particle {i} component {k}: {} vs {}",
                 got[k],
                 want[k]
             );
