@@ -20,6 +20,12 @@ pub const RADIX_BITS: u32 = 8;
 /// Threads of the one `radix_offsets` block.
 pub const OFFSETS_THREADS: u32 = 1024;
 
+// What the kernels assume of these shapes: a pass sorts on one digit value per thread, and
+// the block reductions and scan halve power-of-two blocks of at most 1024 threads.
+const _: () = assert!(1 << RADIX_BITS == RADIX_THREADS);
+const _: () = assert!(BOUNDS_THREADS.is_power_of_two() && OFFSETS_THREADS.is_power_of_two());
+const _: () = assert!(OFFSETS_THREADS <= 1024);
+
 /// Blocks of a radix-sort pass over `n` records.
 pub fn sort_blocks(n: usize) -> usize {
     n.div_ceil(RADIX_TILE).max(1)
@@ -51,4 +57,35 @@ pub fn sort_bytes(particles: usize) -> usize {
         + (3 + 1) * 8 * n
         + 4 * RADIX_THREADS as usize * sort_blocks(n)
         + 8 * BOUNDS_FIELDS * BOUNDS_BLOCKS as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The value of `#define NAME value` in the embedded kernel file `file`.
+    fn define(file: &str, name: &str) -> u64 {
+        let (_, text) = crate::gpu::SOURCES
+            .iter()
+            .find(|(f, _)| *f == file)
+            .expect("an embedded kernel file");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("#define {name} ")))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no numeric #define {name} in {file}"))
+    }
+
+    #[test]
+    fn launch_shapes_match_the_kernels_constants() {
+        assert_eq!(u64::from(RADIX_THREADS), define("keys.cu", "RADIX_THREADS"));
+        assert_eq!(
+            RADIX_TILE as u64,
+            define("keys.cu", "RADIX_THREADS") * define("keys.cu", "RADIX_ITEMS")
+        );
+        assert!(u64::from(BOUNDS_THREADS) <= define("keys.cu", "BOUNDS_MAX_THREADS"));
+        assert_eq!(
+            u64::from(crate::gpu::memory::M2L_THREADS),
+            define("expansions.cu", "M2L_THREADS")
+        );
+    }
 }
