@@ -252,7 +252,8 @@ extern "C" __global__ void m2l_cells(
             coefficient(m_src, n, i - n * n - n, &m_full[2 * i], &m_full[2 * i + 1]);
         }
         if (lane <= p) {
-            // Column m = lane of irregular(): the diagonal up to (m, m), then down the column.
+            // Column m = lane of the irregular harmonics, by the recurrence of `irregular` in
+            // src/fmm/expansion.rs: the diagonal up to (m, m), then down the column.
             const int m = lane;
             const double x = tx - centre[3 * src], y = ty - centre[3 * src + 1],
                          z = tz - centre[3 * src + 2];

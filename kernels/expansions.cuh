@@ -56,37 +56,6 @@ __device__ __forceinline__ void regular(int p, double x, double y, double z, dou
     });
 }
 
-// Irregular solid harmonics I_n^m(x) for n <= p (x != 0).
-__device__ __forceinline__ void irregular(int p, double x, double y, double z, double* out) {
-    const double r2 = x * x + y * y + z * z;
-    const double inv_r2 = 1.0 / r2;
-    out[0] = sqrt(inv_r2);
-    out[1] = 0.0;
-    for (int m = 0; m <= p; ++m) {
-        const int d = cidx(m, m);
-        if (m > 0) {
-            const int prev = cidx(m - 1, m - 1);
-            const double pr = out[2 * prev], pi = out[2 * prev + 1];
-            const double f = -(double)(2 * m - 1) * inv_r2;
-            out[2 * d] = f * (x * pr - y * pi);
-            out[2 * d + 1] = f * (x * pi + y * pr);
-        }
-        if (m < p) {
-            const int k = cidx(m + 1, m);
-            const double f = (double)(2 * m + 1) * z * inv_r2;
-            out[2 * k] = f * out[2 * d];
-            out[2 * k + 1] = f * out[2 * d + 1];
-        }
-        for (int n = m + 2; n <= p; ++n) {
-            const int k = cidx(n, m), a = cidx(n - 1, m), b = cidx(n - 2, m);
-            const double c1 = (double)(2 * n - 1) * z;
-            const double c2 = (double)((n - 1) * (n - 1) - m * m);
-            out[2 * k] = (c1 * out[2 * a] - c2 * out[2 * b]) * inv_r2;
-            out[2 * k + 1] = (c1 * out[2 * a + 1] - c2 * out[2 * b + 1]) * inv_r2;
-        }
-    }
-}
-
 // Coefficient (n, m) for any -n <= m <= n by the real-source symmetry
 // C_n^{-m} = (-1)^m conj(C_n^m).
 __device__ __forceinline__ void coefficient(const double* c, int n, int m, double* re, double* im) {
