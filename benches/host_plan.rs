@@ -3,15 +3,18 @@
 //! settings, by phase. Needs no GPU: what a GPU step waits for on the CPU. Then the same
 //! with the particles keyed and sorted as a device sorts them (`FmmSolver::plan_sorted`, the
 //! resident run's path; the sort itself done here beforehand and not timed): what is left
-//! to the host once the device sorts.
+//! to the host once the device sorts. Then with the cells' moments from the device too
+//! (`plan_sorted` without positions and a `MomentsSource`; the moments computed here
+//! beforehand and not timed): what is left once the device also computes them.
 //!
 //! `cargo bench --bench host_plan` (N = 1e7, ~2.5 GB; `HOST_PLAN_N=1000000` for less);
 //! figures go to docs/benchmarks.md (GPU backend).
 
 use leapfmm::bench::Workload;
-use leapfmm::fmm::solver::{Evaluation, FmmStats};
-use leapfmm::fmm::tree::{SortedParticles, Tree};
+use leapfmm::fmm::solver::{Evaluation, FmmStats, MomentsSource};
+use leapfmm::fmm::tree::{MOMENT_VALUES, SortedParticles, Tree};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
+use leapfmm::gravity::GravityError;
 use leapfmm::gravity::{Softening, SofteningKernel};
 use leapfmm::particles::Particles;
 use rayon::prelude::*;
@@ -46,15 +49,49 @@ fn main() {
         report(&mut solver, k, start, stats);
     }
     println!("with the particles sorted as on a device (plan_sorted):");
-    let mut solver = FmmSolver::new(settings, None);
+    let mut solver = FmmSolver::new(settings.clone(), None);
     let mut sorted = SortedParticles::default();
     for k in 1..=PLANS {
         sort_as_a_device(&p, &mut sorted);
         let start = Instant::now();
         let stats = solver
-            .plan_sorted(&mut sorted, &p.id)
+            .plan_sorted(&mut sorted, &p.id, None)
             .expect("sorted particles");
         report(&mut solver, k, start, stats);
+    }
+    println!("with the moments from the device too (plan_sorted without positions):");
+    let mut solver = FmmSolver::new(settings.clone(), None);
+    for k in 1..=PLANS {
+        sort_as_a_device(&p, &mut sorted);
+        let mut tree = Tree::default();
+        tree.adopt_sorted(&mut sorted.clone(), &p.id)
+            .expect("sorted particles");
+        tree.build_cells(settings.leaf_size, usize::MAX)
+            .expect("no cap");
+        tree.compute_moments();
+        let mut device = Precomputed(tree.moments());
+        sorted.pos.clear();
+        sorted.mass.clear();
+        let start = Instant::now();
+        let stats = solver
+            .plan_sorted(&mut sorted, &p.id, Some(&mut device))
+            .expect("sorted particles");
+        report(&mut solver, k, start, stats);
+    }
+}
+
+/// The cells' moments as a device hands them over, computed beforehand.
+struct Precomputed(Vec<[f64; MOMENT_VALUES]>);
+
+impl MomentsSource for Precomputed {
+    fn cell_moments(
+        &mut self,
+        _tree: &Tree,
+        _reordered: bool,
+        out: &mut Vec<[f64; MOMENT_VALUES]>,
+    ) -> Result<(), GravityError> {
+        out.clone_from(&self.0);
+        Ok(())
     }
 }
 

@@ -413,7 +413,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     };
     let mut sorted = device_sorted();
     let (mut from_device, mut on_host) = (Tree::default(), Tree::default());
-    from_device.adopt_sorted(&mut sorted, &id).unwrap();
+    assert!(from_device.adopt_sorted(&mut sorted, &id).unwrap());
     from_device.build_cells(16, 10_000).unwrap();
     on_host.build(&pos, &mass, &id, None, 16, 10_000).unwrap();
     assert_ne!(
@@ -453,7 +453,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     a.set_caps(small);
     b.set_caps(small);
     let mut sorted = device_sorted();
-    let stats = a.plan_sorted(&mut sorted, &id).unwrap();
+    let stats = a.plan_sorted(&mut sorted, &id, None).unwrap();
     assert!(stats.retries >= 2, "{} retries", stats.retries);
     b.plan_with(&pos, &mass, &id, Default::default()).unwrap();
     let (pa, pb) = (a.device_plan().unwrap(), b.device_plan().unwrap());
@@ -475,7 +475,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     let mut broken = device_sorted();
     broken.order[7] = broken.order[8];
     assert!(matches!(
-        a.plan_sorted(&mut broken, &id),
+        a.plan_sorted(&mut broken, &id, None),
         Err(leapfmm::gravity::GravityError::NotSorted(_))
     ));
     a.plan_with(&pos, &mass, &id, Default::default()).unwrap();
@@ -483,10 +483,173 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     assert_eq!(pa.order_of, pb.order_of);
     assert_eq!(pa.m2l_sources, pb.m2l_sources);
     assert_eq!(pa.p2p_sources, pb.p2p_sources);
+    // Without positions (they stay on the device), the moments come from the device's
+    // kernels: the same plan, the device re-gathering the particles in the host's order
+    // because equal keys were reordered.
+    let mut keys_only = device_sorted();
+    (keys_only.pos, keys_only.mass) = (Vec::new(), Vec::new());
+    assert!(matches!(
+        a.plan_sorted(&mut keys_only.clone(), &id, None),
+        Err(leapfmm::gravity::GravityError::NotSorted(_))
+    ));
+    let mut device = EmulatedMoments {
+        pos: &pos,
+        mass: &mass,
+        sorter_order: index.clone(),
+        reordered: Vec::new(),
+    };
+    let stats = a
+        .plan_sorted(&mut keys_only, &id, Some(&mut device))
+        .unwrap();
+    assert_eq!(device.reordered, [true], "one call, told of the reordering");
+    let (pa, pb) = (a.device_plan().unwrap(), b.device_plan().unwrap());
+    assert!(pa.pos.is_empty() && pa.mass.is_empty());
+    assert_eq!(pa.particles(), n);
+    assert_eq!(pa.order_of, pb.order_of);
+    assert_eq!(pa.centre, pb.centre);
+    assert_eq!(
+        (pa.m2l_spans, pa.m2l_sources),
+        (pb.m2l_spans, pb.m2l_sources)
+    );
+    assert_eq!(
+        (pa.p2p_spans, pa.p2p_sources),
+        (pb.p2p_spans, pb.p2p_sources)
+    );
+    assert_eq!(stats.caps, b.caps().unwrap());
     // A mass that is not finite shows in the extremes' flag.
     let mut bad = mass.clone();
     bad[8999] = f64::NAN;
     assert_eq!(bounds_of(5, &bad), None);
+}
+
+/// The cells' moments as a device computes them: kernels/moments.cu under the emulation,
+/// from the particles in the sorter's order, or in the tree's when told it was reordered.
+struct EmulatedMoments<'a> {
+    pos: &'a [[f64; 3]],
+    mass: &'a [f64],
+    sorter_order: Vec<u32>,
+    /// `reordered` of each call.
+    reordered: Vec<bool>,
+}
+
+impl leapfmm::fmm::solver::MomentsSource for EmulatedMoments<'_> {
+    fn cell_moments(
+        &mut self,
+        tree: &leapfmm::fmm::tree::Tree,
+        reordered: bool,
+        out: &mut Vec<[f64; 5]>,
+    ) -> Result<(), leapfmm::gravity::GravityError> {
+        self.reordered.push(reordered);
+        let order = if reordered {
+            &tree.order
+        } else {
+            &self.sorter_order
+        };
+        let pos: Vec<[f64; 3]> = order.iter().map(|&i| self.pos[i as usize]).collect();
+        let mass: Vec<f64> = order.iter().map(|&i| self.mass[i as usize]).collect();
+        *out = emulated_moments(tree, &pos, &mass, 64).1;
+        Ok(())
+    }
+}
+
+/// kernels/moments.cu's launches under the emulation for the cells of `tree` over `pos`
+/// and `mass` (tree order), per-item kernels in blocks of `block`: each particle's leaf,
+/// and each cell's mass, centre and r_max.
+fn emulated_moments(
+    tree: &leapfmm::fmm::tree::Tree,
+    pos: &[[f64; 3]],
+    mass: &[f64],
+    block: u32,
+) -> (Vec<u32>, Vec<[f64; 5]>) {
+    let (n, cells) = (pos.len(), tree.cells.len());
+    let mut b = Vec::new();
+    let levels = tree.level_start.len() - 1;
+    u32_bytes(
+        &mut b,
+        &[
+            n as u32,
+            cells as u32,
+            levels as u32,
+            tree.leaves.len() as u32,
+            block,
+        ],
+    );
+    f64_bytes(&mut b, pos.iter().flatten().copied());
+    f64_bytes(&mut b, mass.iter().copied());
+    let column = |f: fn(&leapfmm::fmm::tree::Cell) -> u32| -> Vec<u32> {
+        tree.cells.iter().map(f).collect()
+    };
+    u32_bytes(&mut b, &column(|c| c.begin));
+    u32_bytes(&mut b, &column(|c| c.end));
+    u32_bytes(&mut b, &column(|c| c.first_child));
+    u32_bytes(&mut b, &column(|c| u32::from(c.child_count)));
+    u32_bytes(&mut b, &column(|c| c.parent));
+    let level_start: Vec<u32> = tree.level_start.iter().map(|&l| l as u32).collect();
+    u32_bytes(&mut b, &level_start);
+    u32_bytes(&mut b, &tree.leaves);
+    let out = run_harness("moments", &b);
+    let leaf_of = out[..4 * n]
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let moments = f64s(&out[4 * n..])
+        .chunks_exact(5)
+        .map(|m| [m[0], m[1], m[2], m[3], m[4]])
+        .collect();
+    (leaf_of, moments)
+}
+
+#[test]
+fn device_moments_are_the_hosts_to_the_bit() {
+    // A clustered cloud in a deep tree (at most 4 particles a leaf): the top levels' cells
+    // span whole blocks of ancestor_r2, the low ones share blocks; coincident particles make
+    // leaves of one radius 0 and leaves at the deepest level; a lone far particle makes a
+    // shallow leaf among deep ones.
+    use leapfmm::fmm::tree::Tree;
+    let n = 6000usize;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(7);
+    let mut pos: Vec<[f64; 3]> = (0..n)
+        .map(|_| {
+            let r: f64 = rng.random_range(0.0f64..1.0).powi(4) * 10.0;
+            [
+                r * rng.random_range(-1.0..1.0) + 0.3,
+                r * rng.random_range(-1.0..1.0),
+                0.1 * r * rng.random_range(-1.0..1.0),
+            ]
+        })
+        .collect();
+    for i in 0..6 {
+        pos[500 + i] = [0.7, 0.7, 0.01];
+    }
+    pos[n - 1] = [40.0, -35.0, 3.0];
+    let mass: Vec<f64> = (0..n).map(|_| rng.random_range(0.1..2.0)).collect();
+    let id: Vec<u64> = (0..n as u64).collect();
+    let mut tree = Tree::default();
+    tree.build(&pos, &mass, &id, None, 4, usize::MAX).unwrap();
+    tree.compute_moments();
+    assert!(tree.depth() >= 10, "{} levels", tree.depth());
+    for block in [32, 128] {
+        let (leaf_of, moments) = emulated_moments(&tree, &tree.pos, &tree.mass, block);
+        for &leaf in &tree.leaves {
+            let c = &tree.cells[leaf as usize];
+            assert!(
+                leaf_of[c.begin as usize..c.end as usize]
+                    .iter()
+                    .all(|&l| l == leaf)
+            );
+        }
+        let host = tree.moments();
+        assert_eq!(moments.len(), host.len());
+        for (c, (d, h)) in moments.iter().zip(&host).enumerate() {
+            assert_eq!(
+                d.map(f64::to_bits),
+                h.map(f64::to_bits),
+                "cell {c} (level {}, {} particles): device {d:?}, host {h:?}",
+                tree.cells[c].level,
+                tree.cells[c].count()
+            );
+        }
+    }
 }
 
 fn u32_bytes(b: &mut Vec<u8>, v: &[u32]) {

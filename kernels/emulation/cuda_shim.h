@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <thread>
 #include <vector>
@@ -48,9 +49,22 @@ inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline double __dmul_rn(double a, double b) { return a * b; }
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline float __double2float_rn(double x) { return static_cast<float>(x); }
+inline int __float_as_int(float x) { return std::bit_cast<int>(x); }
+inline float __int_as_float(int x) { return std::bit_cast<float>(x); }
+inline long long __double_as_longlong(double x) { return std::bit_cast<long long>(x); }
+inline double __longlong_as_double(long long x) { return std::bit_cast<double>(x); }
 // Integer atomics in shared or global memory: the block's threads really run at once here.
 inline unsigned atomicAdd(unsigned* address, unsigned v) {
     return std::atomic_ref<unsigned>(*address).fetch_add(v);
+}
+inline unsigned long long atomicMax(unsigned long long* address, unsigned long long v) {
+    std::atomic_ref<unsigned long long> a(*address);
+    unsigned long long old = a.load();
+    while (old < v && !a.compare_exchange_weak(old, v)) {
+    }
+    return old;
 }
 using std::fmax;
 using std::fmin;

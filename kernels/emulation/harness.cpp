@@ -20,11 +20,16 @@
 //                             the keys and particle indices after the radix sort's 8 passes
 //   harness m2l IN OUT        IN: cells, targets, list length, p, centres, targets,
 //                             spans (per cell), list, multipoles; OUT: locals (zero before)
+//   harness moments IN OUT    IN: n, cells, levels, leaves, block, pos, mass (tree order),
+//                             begin, end, first_child, child_count, parent (per cell),
+//                             level_start (levels + 1), leaves; OUT: leaf_of, then mass,
+//                             centre and r_max of each cell (5 values)
 #include "cuda_shim.h"
 #include "../p2p.cu"
 #include "../integrate.cu"
 #include "../expansions.cu"
 #include "../keys.cu"
+#include "../moments.cu"
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -308,6 +313,38 @@ int main(int argc, char** argv) {
                (const unsigned*)p2p_list.data(), (int)kernel, eps2, h, g, acc.data(), pot.data());
         put(out, acc);
         put(out, pot);
+    } else if (mode == "moments") {
+        auto n = in.one<uint32_t>(), cells = in.one<uint32_t>(), levels = in.one<uint32_t>();
+        auto n_leaves = in.one<uint32_t>(), block = in.one<uint32_t>();
+        auto pos = in.many<double>(3 * n), mass = in.many<double>(n);
+        auto begin = in.many<uint32_t>(cells), end = in.many<uint32_t>(cells);
+        auto first_child = in.many<uint32_t>(cells), child_count = in.many<uint32_t>(cells);
+        auto parent = in.many<uint32_t>(cells);
+        auto level_start = in.many<uint32_t>(levels + 1);
+        auto leaves = in.many<uint32_t>(n_leaves);
+        auto grid = [&](unsigned count) { return std::max(1u, (count + block - 1) / block); };
+        std::vector<uint32_t> leaf_of(n);
+        std::vector<double> cell_mass(cells), centre(3 * cells), moments(5 * cells);
+        std::vector<uint64_t> r2(cells, ~0ull);  // level_moments must set every one
+        launch(grid(n_leaves), block, leaf_of_particles, (const unsigned*)leaves.data(),
+               (unsigned)n_leaves, (const unsigned*)begin.data(), (const unsigned*)end.data(),
+               (unsigned*)leaf_of.data());
+        for (int l = (int)levels - 1; l >= 0; --l) {
+            unsigned first = level_start[l], count = level_start[l + 1] - first;
+            launch(grid(count), block, level_moments, first, count, (const unsigned*)begin.data(),
+                   (const unsigned*)end.data(), (const unsigned*)first_child.data(),
+                   (const unsigned*)child_count.data(), (const double*)pos.data(),
+                   (const double*)mass.data(), cell_mass.data(), centre.data(),
+                   (unsigned long long*)r2.data());
+        }
+        launch((n + ANCESTOR_THREADS - 1) / ANCESTOR_THREADS, ANCESTOR_THREADS, ancestor_r2,
+               (const double*)pos.data(), (unsigned)n, (const unsigned*)leaf_of.data(),
+               (const unsigned*)parent.data(), (const unsigned*)level_start.data(),
+               (unsigned)levels, (const double*)centre.data(), (unsigned long long*)r2.data());
+        launch(grid(cells), block, finish_moments, (unsigned)cells, (const double*)cell_mass.data(),
+               (const double*)centre.data(), (const unsigned long long*)r2.data(), moments.data());
+        put(out, leaf_of);
+        put(out, moments);
     } else {
         std::fprintf(stderr, "harness: unknown mode %s\n", argv[1]);
         return 2;

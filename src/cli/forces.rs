@@ -364,7 +364,13 @@ fn on_gpu(
             pot[orig as usize] = out.pot[sorted];
         }
     }
-    device_tree_order(&mut gpu, particles, &plan, args.repeat)?;
+    device_tree_order(
+        &mut gpu,
+        particles,
+        &plan,
+        solver.settings().leaf_size,
+        args.repeat,
+    )?;
     let mut diff: Vec<f64> = acc
         .iter()
         .zip(cpu_acc)
@@ -385,26 +391,30 @@ fn on_gpu(
     Ok((acc, pot))
 }
 
-/// The device's sort of `particles` into tree order (`GpuFmm::sort_resident`), `repeat`
-/// times, against the host tree of `plan`: the same order and positions, or an error.
+/// The device's sort of `particles` into tree order (`GpuFmm::sort_resident`) and its
+/// moments of the cells (`GpuFmm::cell_moments`), `repeat` times, against the host's tree
+/// of `plan` and the host's moments of the same cells (`leaf_size` particles a leaf at
+/// most): the same order, positions and moments to the bit, or an error.
 #[cfg(feature = "cuda")]
 fn device_tree_order(
     gpu: &mut leapfmm::gpu::device::GpuFmm,
     particles: &Particles,
     plan: &leapfmm::fmm::solver::DevicePlan,
+    leaf_size: usize,
     repeat: usize,
 ) -> Result<()> {
     use leapfmm::fmm::tree::{SortedParticles, Tree};
     let state = gpu.load_state(particles)?;
     let mut sorted = SortedParticles::default();
     let mut tree = Tree::default();
+    let mut moments = Vec::new();
     for k in 0..repeat.max(1) {
         let start = Instant::now();
-        if !gpu.sort_resident(&state, &mut sorted)? {
+        if !gpu.sort_resident(&state, &mut sorted, true)? {
             bail!("the device found a position or mass that is not finite");
         }
         let secs = start.elapsed().as_secs_f64();
-        tree.adopt_sorted(&mut sorted, &particles.id)?;
+        let reordered = tree.adopt_sorted(&mut sorted, &particles.id)?;
         let same = tree.order == plan.order_of && tree.pos == plan.pos;
         println!(
             "GPU tree order {}: {secs:.3} s (bounds, keys, radix sort, gather, download of {} particles); the host's order and positions: {}",
@@ -414,6 +424,32 @@ fn device_tree_order(
         );
         if !same {
             bail!("the device's tree order differs from the host's");
+        }
+        tree.build_cells(leaf_size, usize::MAX)
+            .map_err(|o| anyhow::anyhow!("a tree of more than {} cells", o.needed))?;
+        tree.compute_moments();
+        let start = Instant::now();
+        gpu.cell_moments(&state, &tree, reordered, &mut moments)?;
+        let secs = start.elapsed().as_secs_f64();
+        let host = tree.moments();
+        let differ = moments
+            .iter()
+            .zip(&host)
+            .filter(|(d, h)| d.map(f64::to_bits) != h.map(f64::to_bits))
+            .count()
+            + moments.len().abs_diff(host.len());
+        println!(
+            "GPU cell moments {}: {secs:.3} s (cells up, masses, centres and radii, {} cells down); the host's: {}",
+            k + 1,
+            host.len(),
+            if differ == 0 {
+                "identical".to_string()
+            } else {
+                format!("DIFFERENT in {differ} cells")
+            }
+        );
+        if differ > 0 {
+            bail!("the device's cell moments differ from the host's");
         }
     }
     Ok(())

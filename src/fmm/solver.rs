@@ -8,7 +8,7 @@ use super::morton::BoundingCube;
 use super::p2p::{NearField, NearFieldPrecision, NearScratch};
 use super::presets::{PresetKey, PresetsStore};
 use super::traversal::{Mac, Spans, unpack, walk};
-use super::tree::{Cell, SortedParticles, Tree};
+use super::tree::{Cell, MOMENT_VALUES, NotSorted, SortedParticles, Tree};
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, SolverStat, check_finite};
 use crate::particles::Particles;
@@ -222,6 +222,22 @@ impl PairList {
     }
 }
 
+/// The cells' moments found where the particles are, for a tree that holds none of their
+/// positions (`plan_sorted` with `SortedParticles` without them): a device that sorted the
+/// particles computes what `Tree::compute_moments` would, bit for bit.
+pub trait MomentsSource {
+    /// Mass, centre and r_max of every cell of `tree` (its cells built, its `order` final)
+    /// into `out`, in cell order. `reordered`: the tree's order differs from the one the
+    /// sorter handed over (`Tree::adopt_sorted` reordered equal keys), so the particles
+    /// must first be put into `tree.order`.
+    fn cell_moments(
+        &mut self,
+        tree: &Tree,
+        reordered: bool,
+        out: &mut Vec<[f64; MOMENT_VALUES]>,
+    ) -> Result<(), GravityError>;
+}
+
 /// Where an evaluation's tree gets its particles.
 enum TreeInput<'a> {
     /// Positions and masses in the caller's order, keyed and sorted by the tree.
@@ -229,8 +245,12 @@ enum TreeInput<'a> {
         pos: &'a [[f64; 3]],
         mass: &'a [f64],
     },
-    /// Keyed and sorted already (on a device); the tree takes the buffers.
-    Sorted(&'a mut SortedParticles),
+    /// Keyed and sorted already (on a device); the tree takes the buffers, and the
+    /// moments come from `moments` when given.
+    Sorted {
+        sorted: &'a mut SortedParticles,
+        moments: Option<&'a mut dyn MomentsSource>,
+    },
 }
 
 /// How one evaluation differs from the plain single-rank one (`Default`).
@@ -275,6 +295,8 @@ pub struct FmmSolver {
     p2p: PairList,
     acc: Vec<[f64; 3]>,
     pot: Vec<f64>,
+    /// The cells' moments from a `MomentsSource`, kept between evaluations.
+    moments_scratch: Vec<[f64; MOMENT_VALUES]>,
 }
 
 impl FmmSolver {
@@ -305,6 +327,7 @@ impl FmmSolver {
             p2p: PairList::default(),
             acc: Vec::new(),
             pot: Vec::new(),
+            moments_scratch: Vec::new(),
         }
     }
 
@@ -454,15 +477,24 @@ impl FmmSolver {
 
     /// `plan` for the particles of one rank that a device has keyed and sorted already
     /// (`sorted`, which gets this solver's previous buffers back to fill next time): the
-    /// host only splits the cells and walks. The same tree, lists and plan as `plan` on
-    /// the same particles.
+    /// host only splits the cells and walks, with the cells' moments from `moments` when
+    /// given (needed when `sorted` holds no positions). The same tree, lists and plan as
+    /// `plan` on the same particles.
     pub fn plan_sorted(
         &mut self,
         sorted: &mut SortedParticles,
         id: &[u64],
+        moments: Option<&mut dyn MomentsSource>,
     ) -> Result<FmmStats, GravityError> {
         let mut stats = FmmStats::default();
-        let input = TreeInput::Sorted(sorted);
+        if sorted.pos.is_empty() && !sorted.keys.is_empty() && moments.is_none() {
+            return Err(GravityError::NotSorted(NotSorted(
+                "no positions and nothing to compute the moments from",
+            )));
+        }
+        // A shorter borrow of the source, as long as the one of `sorted`.
+        let moments = moments.map(|m| m as &mut dyn MomentsSource);
+        let input = TreeInput::Sorted { sorted, moments };
         self.build_lists(input, id, Evaluation::default(), false, &mut stats)?;
         self.tracker.settle(&stats.used);
         self.record_presets(id.len());
@@ -500,11 +532,11 @@ impl FmmSolver {
             .give_back(std::mem::take(&mut self.p2p.sources));
         // Particles sorted elsewhere are taken once; a retry for more cells only splits again.
         let t0 = Instant::now();
-        let unsorted = match input {
-            TreeInput::Unsorted { pos, mass } => Some((pos, mass)),
-            TreeInput::Sorted(sorted) => {
-                self.tree.adopt_sorted(sorted, id)?;
-                None
+        let (unsorted, mut moments_source, reordered) = match input {
+            TreeInput::Unsorted { pos, mass } => (Some((pos, mass)), None, false),
+            TreeInput::Sorted { sorted, moments } => {
+                let reordered = self.tree.adopt_sorted(sorted, id)?;
+                (None, moments, reordered)
             }
         };
         stats.seconds.tree += t0.elapsed().as_secs_f64();
@@ -537,7 +569,16 @@ impl FmmSolver {
         }
         let t0 = Instant::now();
         if n > 0 {
-            self.tree.compute_moments();
+            match moments_source.as_mut() {
+                Some(source) => {
+                    let mut moments = std::mem::take(&mut self.moments_scratch);
+                    source.cell_moments(&self.tree, reordered, &mut moments)?;
+                    let set = self.tree.set_moments(&moments);
+                    self.moments_scratch = moments;
+                    set.map_err(|e| GravityError::Device(e.to_string()))?;
+                }
+                None => self.tree.compute_moments(),
+            }
         }
         if remote.as_ref().is_some_and(|r| r.quantises_positions()) {
             self.tree.quantise_own_positions();
@@ -886,9 +927,10 @@ pub struct DevicePlan<'a> {
     /// Expansion order.
     pub order: usize,
     /// Particle positions in tree order: the rank's own, then those that came with other
-    /// ranks' cells (sources only).
+    /// ranks' cells (sources only). Empty when they stay on the device (a plan from
+    /// `plan_sorted` without positions).
     pub pos: &'a [[f64; 3]],
-    /// Masses in the same order.
+    /// Masses in the same order (or none, with `pos`).
     pub mass: &'a [f64],
     /// The rank's own particles (the first of `pos`), which receive forces.
     pub own_particles: usize,
@@ -932,6 +974,11 @@ pub struct DevicePlan<'a> {
 }
 
 impl DevicePlan<'_> {
+    /// Particles of the plan, own and received, whether or not their positions are in it.
+    pub fn particles(&self) -> usize {
+        self.pos.len().max(self.own_particles)
+    }
+
     /// The M2L sources of own cell `c`.
     pub fn m2l_of(&self, c: usize) -> &[u32] {
         span(self.m2l_spans[c], self.m2l_sources)

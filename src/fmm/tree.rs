@@ -94,6 +94,8 @@ pub struct Tree {
 
 /// Particles already keyed and sorted by key where they are (on a device), for
 /// `Tree::adopt_sorted`: equal keys in particle-index order, every array in sorted order.
+/// Positions and masses are either all there or left out (both empty): then they stay where
+/// the sort ran, and the cells' moments must come from there too (`Tree::set_moments`).
 #[derive(Debug, Clone, Default)]
 pub struct SortedParticles {
     /// The cube the keys refer to.
@@ -102,9 +104,9 @@ pub struct SortedParticles {
     pub keys: Vec<u64>,
     /// Sorted position → index in the caller's arrays.
     pub order: Vec<u32>,
-    /// Positions in sorted order.
+    /// Positions in sorted order (or none).
     pub pos: Vec<[f64; 3]>,
-    /// Masses in sorted order.
+    /// Masses in sorted order (or none).
     pub mass: Vec<f64>,
 }
 
@@ -113,6 +115,19 @@ pub struct SortedParticles {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("the sorted particles are not in key order or not a set of the run's particles ({0})")]
 pub struct NotSorted(pub &'static str);
+
+/// Values of a cell's moments as `Tree::set_moments` takes them: mass, centre (3), r_max.
+pub const MOMENT_VALUES: usize = 5;
+
+/// Moments for a different number of cells than the tree has.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("moments for {given} cells given to a tree of {cells}")]
+pub struct WrongMoments {
+    /// Cells the moments were for.
+    pub given: usize,
+    /// Cells of the tree.
+    pub cells: usize,
+}
 
 /// The tree needed more cells than its cap allowed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -174,14 +189,18 @@ impl Tree {
     /// Takes the particles of `sorted` (sorted by key, equal keys in index order) as this
     /// tree's, in `build`'s order: the rare runs of equal keys are ordered by `id` here. The
     /// buffers are swapped, so `sorted` gets this tree's previous ones to fill next time.
-    /// The cells are left to `build_cells`.
+    /// The cells are left to `build_cells`. True when a run of equal keys changed order
+    /// (the tree's order is then not the sorter's). Without positions and masses in
+    /// `sorted`, the tree has none either.
     pub fn adopt_sorted(
         &mut self,
         sorted: &mut SortedParticles,
         id: &[u64],
-    ) -> Result<(), NotSorted> {
+    ) -> Result<bool, NotSorted> {
         let n = sorted.keys.len();
-        if sorted.order.len() != n || sorted.pos.len() != n || sorted.mass.len() != n {
+        let particles = |len: usize| len == n || (sorted.pos.is_empty() && len == 0);
+        if sorted.order.len() != n || !particles(sorted.pos.len()) || !particles(sorted.mass.len())
+        {
             return Err(NotSorted("arrays of different lengths"));
         }
         if n != id.len() {
@@ -225,24 +244,54 @@ impl Tree {
             .into_par_iter()
             .filter(|&i| keys[i] == keys[i + 1] && (i == 0 || keys[i - 1] != keys[i]))
             .collect();
+        let with_particles = !self.pos.is_empty();
         let mut run = Vec::new();
+        let mut reordered = false;
         for start in run_starts {
             let end = start + self.keys[start..].partition_point(|&k| k == self.keys[start]);
             run.clear();
-            run.extend((start..end).map(|s| {
-                (
-                    id[self.order[s] as usize],
-                    self.order[s],
-                    self.pos[s],
-                    self.mass[s],
-                )
-            }));
+            run.extend((start..end).map(|s| (id[self.order[s] as usize], s)));
+            if run.is_sorted_by_key(|r| r.0) {
+                continue;
+            }
+            reordered = true;
             run.sort_unstable_by_key(|r| r.0);
-            for (s, r) in (start..end).zip(&run) {
-                (self.order[s], self.pos[s], self.mass[s]) = (r.1, r.2, r.3);
+            let order: Vec<u32> = run.iter().map(|r| self.order[r.1]).collect();
+            self.order[start..end].copy_from_slice(&order);
+            if with_particles {
+                let pos: Vec<[f64; 3]> = run.iter().map(|r| self.pos[r.1]).collect();
+                let mass: Vec<f64> = run.iter().map(|r| self.mass[r.1]).collect();
+                self.pos[start..end].copy_from_slice(&pos);
+                self.mass[start..end].copy_from_slice(&mass);
             }
         }
+        Ok(reordered)
+    }
+
+    /// Sets every cell's mass, centre and radius from `moments` (mass, centre, r_max per
+    /// cell, in cell order): the values of `compute_moments`, found where the particles are
+    /// when this tree holds none (`adopt_sorted` without positions).
+    pub fn set_moments(&mut self, moments: &[[f64; MOMENT_VALUES]]) -> Result<(), WrongMoments> {
+        if moments.len() != self.cells.len() {
+            return Err(WrongMoments {
+                given: moments.len(),
+                cells: self.cells.len(),
+            });
+        }
+        for (cell, m) in self.cells.iter_mut().zip(moments) {
+            cell.mass = m[0];
+            cell.centre = [m[1], m[2], m[3]];
+            cell.r_max = m[4];
+        }
         Ok(())
+    }
+
+    /// Each cell's mass, centre and radius, as `set_moments` takes them.
+    pub fn moments(&self) -> Vec<[f64; MOMENT_VALUES]> {
+        self.cells
+            .iter()
+            .map(|c| [c.mass, c.centre[0], c.centre[1], c.centre[2], c.r_max])
+            .collect()
     }
 
     /// Splits the sorted particles into cells (at most `leaf_size` particles in a leaf),

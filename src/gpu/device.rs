@@ -15,12 +15,12 @@
 use super::memory::{DeviceLengths, M2L_THREADS, THREADS_PER_BLOCK, resident_f64_counts};
 use super::nvrtc::{KernelError, compile_all};
 use super::sort::{
-    BOUNDS_BLOCKS, BOUNDS_FIELDS, BOUNDS_THREADS, OFFSETS_THREADS, RADIX_BITS, RADIX_THREADS,
-    cube_of_bounds, sort_blocks,
+    ANCESTOR_THREADS, BOUNDS_BLOCKS, BOUNDS_FIELDS, BOUNDS_THREADS, LEVEL_SLOTS, OFFSETS_THREADS,
+    RADIX_BITS, RADIX_THREADS, cube_of_bounds, sort_blocks,
 };
 use crate::fmm::caps::Caps;
 use crate::fmm::solver::{DeviceForces, DevicePasses, DevicePlan, DeviceSeconds};
-use crate::fmm::tree::SortedParticles;
+use crate::fmm::tree::{MOMENT_VALUES, SortedParticles, Tree};
 use crate::gravity::GravityError;
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
 use crate::integrate::diagnostics::CONSERVED_SUMS;
@@ -72,6 +72,8 @@ pub struct GpuFmm {
     buffers: Option<Buffers>,
     /// Kept between sorts into tree order (`sort_resident`).
     sorting: Option<SortBuffers>,
+    /// Kept between computations of the cells' moments (`cell_moments`).
+    moments: Option<MomentsBuffers>,
 }
 
 /// The loaded kernels.
@@ -93,6 +95,10 @@ struct Kernels {
     radix_count: CudaFunction,
     radix_offsets: CudaFunction,
     radix_scatter: CudaFunction,
+    leaf_of: CudaFunction,
+    level_moments: CudaFunction,
+    ancestor_r2: CudaFunction,
+    finish_moments: CudaFunction,
 }
 
 /// A run's particle state on the device (design §7), in the run's particle order: what the
@@ -191,6 +197,69 @@ impl SortBuffers {
             .room(stream, RADIX_THREADS as usize * sort_blocks(n))?;
         self.pos.room(stream, 3 * n)?;
         self.mass.room(stream, n)
+    }
+}
+
+/// The device buffers of the cells' moments (`GpuFmm::cell_moments`;
+/// `super::sort::moments_bytes` counts them), grown with the tree.
+struct MomentsBuffers {
+    begin: Reused<u32>,
+    end: Reused<u32>,
+    first_child: Reused<u32>,
+    child_count: Reused<u32>,
+    parent: Reused<u32>,
+    leaves: Reused<u32>,
+    level_start: Reused<u32>,
+    leaf_of: Reused<u32>,
+    mass: Reused<f64>,
+    centre: Reused<f64>,
+    r2: Reused<u64>,
+    out: Reused<f64>,
+}
+
+impl MomentsBuffers {
+    /// Buffers for `cells` cells over `n` particles.
+    fn new(stream: &Arc<CudaStream>, n: usize, cells: usize) -> Result<Self, GpuError> {
+        Ok(MomentsBuffers {
+            begin: Reused::new(stream, cells)?,
+            end: Reused::new(stream, cells)?,
+            first_child: Reused::new(stream, cells)?,
+            child_count: Reused::new(stream, cells)?,
+            parent: Reused::new(stream, cells)?,
+            leaves: Reused::new(stream, cells)?,
+            level_start: Reused::new(stream, LEVEL_SLOTS)?,
+            leaf_of: Reused::new(stream, n)?,
+            mass: Reused::new(stream, cells)?,
+            centre: Reused::new(stream, 3 * cells)?,
+            r2: Reused::new(stream, cells)?,
+            out: Reused::new(stream, MOMENT_VALUES * cells)?,
+        })
+    }
+
+    /// Room for `cells` cells over `n` particles in `levels` levels.
+    fn fit(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        n: usize,
+        cells: usize,
+        levels: usize,
+    ) -> Result<(), GpuError> {
+        for b in [
+            &mut self.begin,
+            &mut self.end,
+            &mut self.first_child,
+            &mut self.child_count,
+            &mut self.parent,
+            &mut self.leaves,
+        ] {
+            b.room(stream, cells)?;
+        }
+        self.level_start.room(stream, levels + 1)?;
+        self.leaf_of.room(stream, n)?;
+        self.mass.room(stream, cells)?;
+        self.centre.room(stream, 3 * cells)?;
+        self.r2.room(stream, cells)?;
+        self.out.room(stream, MOMENT_VALUES * cells)
     }
 }
 
@@ -379,6 +448,10 @@ impl GpuFmm {
             radix_count: function("keys.cu", "radix_count")?,
             radix_offsets: function("keys.cu", "radix_offsets")?,
             radix_scatter: function("keys.cu", "radix_scatter")?,
+            leaf_of: function("moments.cu", "leaf_of_particles")?,
+            level_moments: function("moments.cu", "level_moments")?,
+            ancestor_r2: function("moments.cu", "ancestor_r2")?,
+            finish_moments: function("moments.cu", "finish_moments")?,
         };
         Ok(GpuFmm {
             stream: ctx.default_stream(),
@@ -386,6 +459,7 @@ impl GpuFmm {
             kernels,
             buffers: None,
             sorting: None,
+            moments: None,
         })
     }
 
@@ -399,6 +473,11 @@ impl GpuFmm {
         softening: Softening,
         g: f64,
     ) -> Result<DeviceForces, GpuError> {
+        if plan.pos.len() != plan.particles() {
+            return Err(GpuError::Unsupported(
+                "a plan without positions needs the particles on the device".into(),
+            ));
+        }
         let mut secs = DeviceSeconds::default();
         let t = Instant::now();
         let stream = self.stream.clone();
@@ -433,10 +512,10 @@ impl GpuFmm {
         state: &mut DeviceState,
     ) -> Result<DeviceSeconds, GpuError> {
         let n = plan.own_particles;
-        if n != state.n || plan.pos.len() != n {
+        if n != state.n || plan.particles() != n {
             return Err(GpuError::Unsupported(format!(
                 "a plan for {} particles on a device state of {}",
-                plan.pos.len(),
+                plan.particles(),
                 state.n
             )));
         }
@@ -602,13 +681,15 @@ impl GpuFmm {
 
     /// The particles of `state` keyed and sorted into tree order on the device (design §5
     /// steps 1–2, kernels/keys.cu), downloaded into `out` for the host to split into cells
-    /// (`FmmSolver::plan_sorted`): the cube, the keys, the order, and the positions and
-    /// masses in that order. `false`, with `out` untouched, when a position or mass is not
-    /// finite (the caller names the particle from the host's copy).
+    /// (`FmmSolver::plan_sorted`): the cube, the keys, the order, and with `with_particles`
+    /// the positions and masses in that order (without, they stay on the device for
+    /// `cell_moments`, and `out` gets none). `false`, with `out` untouched, when a position
+    /// or mass is not finite (the caller names the particle from the host's copy).
     pub fn sort_resident(
         &mut self,
         state: &DeviceState,
         out: &mut SortedParticles,
+        with_particles: bool,
     ) -> Result<bool, GpuError> {
         let (n, n32) = (state.n, state.n as u32);
         let stream = self.stream.clone();
@@ -701,15 +782,149 @@ impl GpuFmm {
         unsafe { launch.launch(grid(n)) }?;
         out.keys.resize(n, 0);
         out.order.resize(n, 0);
-        out.pos.resize(n, [0.0; 3]);
-        out.mass.resize(n, 0.0);
         stream.memcpy_dtoh(&keys_a.buf.slice(0..n), &mut out.keys[..])?;
         stream.memcpy_dtoh(&index_a.buf.slice(0..n), &mut out.order[..])?;
-        stream.memcpy_dtoh(&s.pos.buf.slice(0..3 * n), out.pos.as_flattened_mut())?;
-        stream.memcpy_dtoh(&s.mass.buf.slice(0..n), &mut out.mass[..])?;
+        if with_particles {
+            out.pos.resize(n, [0.0; 3]);
+            out.mass.resize(n, 0.0);
+            stream.memcpy_dtoh(&s.pos.buf.slice(0..3 * n), out.pos.as_flattened_mut())?;
+            stream.memcpy_dtoh(&s.mass.buf.slice(0..n), &mut out.mass[..])?;
+        } else {
+            out.pos.clear();
+            out.mass.clear();
+        }
         stream.synchronize()?;
         out.cube = Some(cube);
         Ok(true)
+    }
+
+    /// Mass, centre and r_max of every cell of `tree` (kernels/moments.cu: the values of
+    /// `Tree::compute_moments`, bit for bit) into `out`, from the particles the last
+    /// `sort_resident` of `state` left on the device in tree order; with `reordered` they
+    /// are first put into `tree.order` (the host reordered equal keys). Only the cells go
+    /// up and their five values come back.
+    pub fn cell_moments(
+        &mut self,
+        state: &DeviceState,
+        tree: &Tree,
+        reordered: bool,
+        out: &mut Vec<[f64; MOMENT_VALUES]>,
+    ) -> Result<(), GpuError> {
+        let (n, cells, levels) = (state.n, tree.cells.len(), tree.depth());
+        if tree.own_particles != n || tree.own_cells != cells || levels + 1 > LEVEL_SLOTS {
+            return Err(GpuError::Unsupported(format!(
+                "moments of a tree of {} particles, {} cells ({cells} with received ones) and {levels} levels on a device state of {n} particles",
+                tree.own_particles, tree.own_cells
+            )));
+        }
+        let stream = self.stream.clone();
+        let k = &self.kernels;
+        let s = self.sorting.as_mut().ok_or_else(|| {
+            GpuError::Unsupported("cell moments before a sort into tree order".into())
+        })?;
+        let n32 = n as u32;
+        if reordered {
+            s.index[0].upload(&stream, &tree.order)?;
+            let mut launch = stream.launch_builder(&k.gather);
+            launch
+                .arg(&state.pos)
+                .arg(&state.mass)
+                .arg(&s.index[0].buf)
+                .arg(&n32)
+                .arg(&mut s.pos.buf)
+                .arg(&mut s.mass.buf);
+            // SAFETY: the arguments match gather_tree_order's signature; every buffer holds n.
+            unsafe { launch.launch(grid(n)) }?;
+        }
+        let m = match &mut self.moments {
+            Some(m) => m,
+            None => self.moments.insert(MomentsBuffers::new(&stream, n, cells)?),
+        };
+        m.fit(&stream, n, cells, levels)?;
+        let column = |f: fn(&crate::fmm::tree::Cell) -> u32| -> Vec<u32> {
+            tree.cells.iter().map(f).collect()
+        };
+        m.begin.upload(&stream, &column(|c| c.begin))?;
+        m.end.upload(&stream, &column(|c| c.end))?;
+        m.first_child.upload(&stream, &column(|c| c.first_child))?;
+        m.child_count
+            .upload(&stream, &column(|c| u32::from(c.child_count)))?;
+        m.parent.upload(&stream, &column(|c| c.parent))?;
+        m.leaves.upload(&stream, &tree.leaves)?;
+        let level_start: Vec<u32> = tree.level_start.iter().map(|&l| l as u32).collect();
+        m.level_start.upload(&stream, &level_start)?;
+        let n_leaves = tree.leaves.len() as u32;
+        let mut launch = stream.launch_builder(&k.leaf_of);
+        launch
+            .arg(&m.leaves.buf)
+            .arg(&n_leaves)
+            .arg(&m.begin.buf)
+            .arg(&m.end.buf)
+            .arg(&mut m.leaf_of.buf);
+        // SAFETY: the arguments match leaf_of_particles' signature; the leaves' ranges
+        // cover the n particles once.
+        unsafe { launch.launch(grid(tree.leaves.len())) }?;
+        for level in (0..levels).rev() {
+            let (first, count) = (
+                level_start[level],
+                level_start[level + 1] - level_start[level],
+            );
+            let mut launch = stream.launch_builder(&k.level_moments);
+            launch
+                .arg(&first)
+                .arg(&count)
+                .arg(&m.begin.buf)
+                .arg(&m.end.buf)
+                .arg(&m.first_child.buf)
+                .arg(&m.child_count.buf)
+                .arg(&s.pos.buf)
+                .arg(&s.mass.buf);
+            launch
+                .arg(&mut m.mass.buf)
+                .arg(&mut m.centre.buf)
+                .arg(&mut m.r2.buf);
+            // SAFETY: as above, for level_moments; the level's children are done.
+            unsafe { launch.launch(grid(count as usize)) }?;
+        }
+        let levels32 = levels as u32;
+        let mut launch = stream.launch_builder(&k.ancestor_r2);
+        launch
+            .arg(&s.pos.buf)
+            .arg(&n32)
+            .arg(&m.leaf_of.buf)
+            .arg(&m.parent.buf)
+            .arg(&m.level_start.buf)
+            .arg(&levels32)
+            .arg(&m.centre.buf)
+            .arg(&mut m.r2.buf);
+        let blocks = (n as u32).div_ceil(ANCESTOR_THREADS).max(1);
+        let config = LaunchConfig {
+            grid_dim: (blocks, 1, 1),
+            block_dim: (ANCESTOR_THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        if n > 0 {
+            // SAFETY: as above, for ancestor_r2 (ANCESTOR_THREADS per block, every block
+            // starting below n).
+            unsafe { launch.launch(config) }?;
+        }
+        let cells32 = cells as u32;
+        let mut launch = stream.launch_builder(&k.finish_moments);
+        launch
+            .arg(&cells32)
+            .arg(&m.mass.buf)
+            .arg(&m.centre.buf)
+            .arg(&m.r2.buf)
+            .arg(&mut m.out.buf);
+        // SAFETY: as above, for finish_moments.
+        unsafe { launch.launch(grid(cells)) }?;
+        out.resize(cells, [0.0; MOMENT_VALUES]);
+        stream.memcpy_dtoh(
+            &m.out.buf.slice(0..MOMENT_VALUES * cells),
+            out.as_flattened_mut(),
+        )?;
+        stream.synchronize()?;
+        Ok(())
     }
 
     /// Copies the positions of `state` into `pos` (the host's tree build needs them).
@@ -752,7 +967,7 @@ fn upload_plan<'a>(
     caps: &Caps,
 ) -> Result<&'a mut Buffers, GpuError> {
     let lengths = DeviceLengths::of(plan, caps);
-    let (n, cells, len) = (plan.pos.len(), plan.centre.len(), lengths.expansion);
+    let (n, cells, len) = (plan.particles(), plan.centre.len(), lengths.expansion);
     let stream = stream.clone();
     let b = match buffers {
         Some(b) => {

@@ -76,7 +76,7 @@ impl DeviceLengths {
     pub fn of(plan: &DevicePlan, caps: &Caps) -> Self {
         let cells = plan.centre.len().max(caps.cells);
         DeviceLengths {
-            particles: plan.pos.len(),
+            particles: plan.particles(),
             cells,
             m2l: plan.m2l_sources.len().max(caps.m2l_pairs),
             p2p: plan.p2p_sources.len().max(caps.p2p_pairs),
@@ -137,10 +137,12 @@ impl DeviceLengths {
             + 8 * self.u64_counts().iter().sum::<usize>()
     }
 
-    /// Bytes of device memory per particle of a run: the evaluation's buffers and the
-    /// resident state.
+    /// Bytes of device memory per particle of a run: the evaluation's buffers, the
+    /// resident state and the cell moments found on the device.
     pub fn bytes_per_particle(&self) -> f64 {
-        (self.bytes() + resident_bytes(self.particles)) as f64 / self.particles.max(1) as f64
+        let moments = super::sort::moments_bytes(self.particles, self.cells);
+        (self.bytes() + resident_bytes(self.particles) + moments) as f64
+            / self.particles.max(1) as f64
     }
 }
 
@@ -165,9 +167,11 @@ mod tests {
         // blocks' 7 extremes.
         let sort = 2 * 12 * 10 + 32 * 10 + 4 * 256 + 8 * 7 * 1024;
         assert_eq!(resident_bytes(10), 8 * 126 + 10 + sort);
+        // Moments: a leaf index per particle, 6 u32 and 10 f64 per cell, 32 level slots.
+        let moments = 4 * 10 + (6 * 4 + 10 * 8) * 3 + 4 * 32;
         assert_eq!(
             l.bytes_per_particle(),
-            (8 * 125 + 4 * 53 + 8 * 6 + 8 * 126 + 10 + sort) as f64 / 10.0
+            (8 * 125 + 4 * 53 + 8 * 6 + 8 * 126 + 10 + sort + moments) as f64 / 10.0
         );
     }
 }

@@ -19,7 +19,7 @@ pub fn kernel_cache() -> Option<std::path::PathBuf> {
 
 /// The kernel sources, embedded: (file name, text). Headers (`.cuh`) are spliced into the
 /// sources that include them before compilation (`expand_includes`).
-pub const SOURCES: [(&str, &str); 6] = [
+pub const SOURCES: [(&str, &str); 7] = [
     ("common.cuh", include_str!("../../kernels/common.cuh")),
     (
         "expansions.cuh",
@@ -29,6 +29,7 @@ pub const SOURCES: [(&str, &str); 6] = [
     ("expansions.cu", include_str!("../../kernels/expansions.cu")),
     ("integrate.cu", include_str!("../../kernels/integrate.cu")),
     ("keys.cu", include_str!("../../kernels/keys.cu")),
+    ("moments.cu", include_str!("../../kernels/moments.cu")),
 ];
 
 /// The compilation units (`.cu` files) among `SOURCES`.

@@ -1,16 +1,17 @@
 //! The GPU force solver of a run: the host builds the tree and the lists each step
 //! (`FmmSolver::plan`), the device runs the passes (`GpuFmm`). Design §7's pipeline: with
 //! the particles resident on the device (`ResidentState`, the global scheme), the device
-//! keys and sorts them into tree order, the sorted keys, positions and masses come back for
-//! the host to split into cells and walk, and the lists go over; otherwise (`compute`, and
-//! the block scheme's sub-steps with lists for the active particles' cells only) positions
-//! go up and forces come down.
+//! keys and sorts them into tree order, the sorted keys come back for the host to split
+//! into cells, the cells go over for the device to compute their moments, those come back
+//! for the host's walk, and the lists go over; otherwise (`compute`, and the block scheme's
+//! sub-steps with lists for the active particles' cells only) positions go up and forces
+//! come down.
 
 use super::device::{DeviceState, GpuError, GpuFmm};
 use crate::fmm::FmmSolver;
 use crate::fmm::caps::Caps;
-use crate::fmm::solver::{DevicePlan, DeviceSeconds, Evaluation, FmmStats};
-use crate::fmm::tree::SortedParticles;
+use crate::fmm::solver::{DevicePlan, DeviceSeconds, Evaluation, FmmStats, MomentsSource};
+use crate::fmm::tree::{MOMENT_VALUES, SortedParticles, Tree};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, ResidentState, check_finite};
 use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
@@ -66,9 +67,10 @@ impl GpuSolver {
             .plan_with(&particles.pos, &particles.mass, &particles.id, with)
     }
 
-    /// The plan from the device's sort of the resident particles into tree order; `None`
-    /// when the host rejects that sort (then, with a warning, the host sorts from now on:
-    /// a fault of the device sort costs speed, not the run).
+    /// The plan from the device's sort of the resident particles into tree order and its
+    /// moments of the host's cells; `None` when the host rejects that sort (then, with a
+    /// warning, the host sorts from now on: a fault of the device sort costs speed, not the
+    /// run).
     fn plan_device_sorted(
         &mut self,
         particles: &mut Particles,
@@ -77,7 +79,7 @@ impl GpuSolver {
         let t0 = Instant::now();
         let finite = self
             .device
-            .sort_resident(state, &mut self.sorted)
+            .sort_resident(state, &mut self.sorted, false)
             .map_err(device_error)?;
         if !finite {
             // The host's copy names the particle (its masses are the device's).
@@ -90,7 +92,14 @@ impl GpuSolver {
             ));
         }
         let sorting = t0.elapsed().as_secs_f64();
-        match self.host.plan_sorted(&mut self.sorted, &particles.id) {
+        let mut moments = DeviceMoments {
+            device: &mut self.device,
+            state,
+        };
+        match self
+            .host
+            .plan_sorted(&mut self.sorted, &particles.id, Some(&mut moments))
+        {
             Ok(mut stats) => {
                 stats.seconds.tree += sorting;
                 Ok(Some(stats))
@@ -259,6 +268,25 @@ impl ResidentState for GpuSolver {
         let state = self.state.as_ref().ok_or_else(not_loaded)?;
         self.device
             .store_state(state, particles)
+            .map_err(device_error)
+    }
+}
+
+/// The cells' moments from the particles the device sorted (`GpuFmm::cell_moments`).
+struct DeviceMoments<'a> {
+    device: &'a mut GpuFmm,
+    state: &'a DeviceState,
+}
+
+impl MomentsSource for DeviceMoments<'_> {
+    fn cell_moments(
+        &mut self,
+        tree: &Tree,
+        reordered: bool,
+        out: &mut Vec<[f64; MOMENT_VALUES]>,
+    ) -> Result<(), GravityError> {
+        self.device
+            .cell_moments(self.state, tree, reordered, out)
             .map_err(device_error)
     }
 }

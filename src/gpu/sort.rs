@@ -1,6 +1,7 @@
-//! The host's side of the device's tree order (kernels/keys.cu): the launch shapes of the
-//! bounds, key and radix-sort kernels, and the cube made of the blocks' extremes. Free of
-//! CUDA, so the emulation tests use the same functions as the device code.
+//! The host's side of the device's tree order (kernels/keys.cu) and cell moments
+//! (kernels/moments.cu): the launch shapes of the bounds, key, radix-sort and moments
+//! kernels, the cube made of the blocks' extremes, and the device memory they keep. Free
+//! of CUDA, so the emulation tests use the same functions as the device code.
 
 use crate::fmm::morton::BoundingCube;
 
@@ -19,12 +20,19 @@ pub const RADIX_TILE: usize = 256 * 16;
 pub const RADIX_BITS: u32 = 8;
 /// Threads of the one `radix_offsets` block.
 pub const OFFSETS_THREADS: u32 = 1024;
+/// Threads of an `ancestor_r2` block (`ANCESTOR_THREADS` in moments.cu): consecutive
+/// particles going up their ancestors together.
+pub const ANCESTOR_THREADS: u32 = 256;
+/// Slots for the levels' first cells (levels + 1 values): more than a tree of 21-bit keys
+/// can have (22 levels).
+pub const LEVEL_SLOTS: usize = 32;
 
 // What the kernels assume of these shapes: a pass sorts on one digit value per thread, and
 // the block reductions and scan halve power-of-two blocks of at most 1024 threads.
 const _: () = assert!(1 << RADIX_BITS == RADIX_THREADS);
 const _: () = assert!(BOUNDS_THREADS.is_power_of_two() && OFFSETS_THREADS.is_power_of_two());
 const _: () = assert!(OFFSETS_THREADS <= 1024);
+const _: () = assert!(ANCESTOR_THREADS.is_power_of_two());
 
 /// Blocks of a radix-sort pass over `n` records.
 pub fn sort_blocks(n: usize) -> usize {
@@ -59,6 +67,15 @@ pub fn sort_bytes(particles: usize) -> usize {
         + 8 * BOUNDS_FIELDS * BOUNDS_BLOCKS as usize
 }
 
+/// Bytes of device memory the cell moments (`GpuFmm::cell_moments`) keep for a tree of
+/// `cells` cells over `particles` particles: the leaf of each particle; per cell its
+/// particle range, first child, child count, parent and a leaf slot (u32 each), its mass,
+/// centre, squared radius and the five values that go back (f64 each); the levels' first
+/// cells.
+pub fn moments_bytes(particles: usize, cells: usize) -> usize {
+    4 * particles + (6 * 4 + (1 + 3 + 1 + 5) * 8) * cells + 4 * LEVEL_SLOTS
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,6 +103,10 @@ mod tests {
         assert_eq!(
             u64::from(crate::gpu::memory::M2L_THREADS),
             define("expansions.cu", "M2L_THREADS")
+        );
+        assert_eq!(
+            u64::from(ANCESTOR_THREADS),
+            define("moments.cu", "ANCESTOR_THREADS")
         );
     }
 }
