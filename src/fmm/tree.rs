@@ -198,9 +198,9 @@ impl Tree {
         id: &[u64],
     ) -> Result<bool, NotSorted> {
         let n = sorted.keys.len();
-        let particles = |len: usize| len == n || (sorted.pos.is_empty() && len == 0);
-        if sorted.order.len() != n || !particles(sorted.pos.len()) || !particles(sorted.mass.len())
-        {
+        let (p, m) = (sorted.pos.len(), sorted.mass.len());
+        let particles = (p == n && m == n) || (p == 0 && m == 0);
+        if sorted.order.len() != n || !particles {
             return Err(NotSorted("arrays of different lengths"));
         }
         if n != id.len() {
@@ -801,5 +801,36 @@ mod tests {
         let mut host = Tree::default();
         host.build(&pos, &mass, &id, None, 8, 100_000).unwrap();
         assert_eq!((&t.order, &t.cells), (&host.order, &host.cells));
+    }
+
+    #[test]
+    fn a_tree_without_positions_takes_its_moments_from_outside() {
+        let (good, id) = sorted_cloud(3000);
+        let mut with = Tree::default();
+        with.adopt_sorted(&mut good.clone(), &id).unwrap();
+        with.build_cells(8, 100_000).unwrap();
+        with.compute_moments();
+        let mut keys_only = good.clone();
+        keys_only.pos.clear();
+        let mut t = Tree::default();
+        assert!(
+            t.adopt_sorted(&mut keys_only.clone(), &id).is_err(),
+            "masses without positions"
+        );
+        keys_only.mass.clear();
+        t.adopt_sorted(&mut keys_only, &id).unwrap();
+        assert!(t.pos.is_empty() && t.mass.is_empty());
+        t.build_cells(8, 100_000).unwrap();
+        assert_eq!(t.order, with.order);
+        let moments = with.moments();
+        assert_eq!(
+            t.set_moments(&moments[1..]),
+            Err(WrongMoments {
+                given: moments.len() - 1,
+                cells: moments.len()
+            })
+        );
+        t.set_moments(&moments).unwrap();
+        assert_eq!(t.cells, with.cells);
     }
 }
