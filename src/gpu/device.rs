@@ -5,11 +5,11 @@
 //! L2L per level, L2P and P2P. Either the plan's positions go up and the forces come down
 //! (`evaluate`), or the particles live on the device for the whole run (`DeviceState`):
 //! they are keyed and sorted into tree order there (`sort_resident`: the host gets the
-//! sorted keys, order, positions and masses, splits the cells and walks), gathered into
-//! that order and the forces scattered back (`evaluate_resident`), and the kick and drift
-//! run there. The same
-//! kernels run under the CPU emulation in tests/gpu_kernels.rs, where they match the CPU
-//! backend. Not yet verified on a GPU: no device was lent while it was written
+//! sorted keys and order and splits the cells), the cells' moments are computed there
+//! (`cell_moments`: the host gets each cell's mass, centre and radius and walks), the
+//! particles are gathered into tree order and the forces scattered back
+//! (`evaluate_resident`), and the kick and drift run there. The same kernels run under the
+//! CPU emulation in tests/gpu_kernels.rs, where they match the CPU backend. Not yet verified on a GPU: no device was lent while it was written
 //! (scripts/gpu-check.sh is the check).
 
 use super::memory::{DeviceLengths, M2L_THREADS, THREADS_PER_BLOCK, resident_f64_counts};
@@ -482,6 +482,7 @@ impl GpuFmm {
         let t = Instant::now();
         let stream = self.stream.clone();
         let b = upload_plan(&stream, &mut self.buffers, plan, caps)?;
+        b.leaf_of.upload(&stream, &plan.leaf_of)?;
         b.pos.upload(&stream, plan.pos.as_flattened())?;
         b.mass.upload(&stream, plan.mass)?;
         stream.synchronize()?;
@@ -502,7 +503,9 @@ impl GpuFmm {
     /// The forces of `plan` on the particles of `state`, which stay on the device: their
     /// positions and masses are gathered into the plan's tree order there (the plan's own
     /// copies are not sent) and the accelerations and potentials scattered back into
-    /// `state`; only the lists go up.
+    /// `state`; the cells and lists go up. With `tree_on_device`, the plan's tree is the
+    /// one of the last `sort_resident` and `cell_moments`, whose tree order and leaf of
+    /// each particle are on the device already and are not sent either.
     pub fn evaluate_resident(
         &mut self,
         plan: &DevicePlan,
@@ -510,6 +513,7 @@ impl GpuFmm {
         softening: Softening,
         g: f64,
         state: &mut DeviceState,
+        tree_on_device: bool,
     ) -> Result<DeviceSeconds, GpuError> {
         let n = plan.own_particles;
         if n != state.n || plan.particles() != n {
@@ -523,7 +527,21 @@ impl GpuFmm {
         let t = Instant::now();
         let stream = self.stream.clone();
         let b = upload_plan(&stream, &mut self.buffers, plan, caps)?;
-        b.order_of.upload(&stream, plan.order_of)?;
+        match (tree_on_device, &self.sorting, &self.moments) {
+            (true, Some(s), Some(m)) => {
+                stream.memcpy_dtod(&s.index[0].buf.slice(0..n), &mut b.order_of.buf)?;
+                stream.memcpy_dtod(&m.leaf_of.buf.slice(0..n), &mut b.leaf_of.buf)?;
+            }
+            (true, ..) => {
+                return Err(GpuError::Unsupported(
+                    "no tree on the device: sort_resident and cell_moments first".into(),
+                ));
+            }
+            (false, ..) => {
+                b.order_of.upload(&stream, plan.order_of)?;
+                b.leaf_of.upload(&stream, &plan.leaf_of)?;
+            }
+        }
         let n32 = n as u32;
         let mut launch = stream.launch_builder(&self.kernels.gather);
         launch
@@ -959,7 +977,8 @@ impl GpuFmm {
 }
 
 /// The buffers, grown to fit `plan` (and `caps`), with the plan's tree and lists
-/// uploaded and the expansions and forces zeroed; positions and masses are the caller's.
+/// uploaded and the expansions and forces zeroed; positions, masses and each particle's
+/// leaf are the caller's.
 fn upload_plan<'a>(
     stream: &Arc<CudaStream>,
     buffers: &'a mut Option<Buffers>,
@@ -983,7 +1002,6 @@ fn upload_plan<'a>(
     b.child_count.upload(&stream, &plan.child_count)?;
     b.parent.upload(&stream, &plan.parent)?;
     b.leaves.upload(&stream, plan.leaves)?;
-    b.leaf_of.upload(&stream, &plan.leaf_of)?;
     b.m2l_spans.upload(&stream, plan.m2l_spans)?;
     b.m2l_sources.upload(&stream, plan.m2l_sources)?;
     b.p2p_spans.upload(&stream, plan.p2p_spans)?;

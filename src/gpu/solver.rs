@@ -231,6 +231,7 @@ impl ResidentState for GpuSolver {
         } else {
             None
         };
+        let tree_on_device = sorted_plan.is_some();
         let stats = match sorted_plan {
             Some(stats) => stats,
             None => {
@@ -247,7 +248,14 @@ impl ResidentState for GpuSolver {
         let state = self.state.as_mut().ok_or_else(not_loaded)?;
         let seconds = self
             .device
-            .evaluate_resident(&plan, &caps, settings.softening, settings.g, state)
+            .evaluate_resident(
+                &plan,
+                &caps,
+                settings.softening,
+                settings.g,
+                state,
+                tree_on_device,
+            )
             .map_err(device_error)?;
         Ok(Self::report(&plan, stats, seconds, start))
     }
