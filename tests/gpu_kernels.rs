@@ -10,19 +10,45 @@ use rand::{RngExt, SeedableRng};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// Builds the harness once per test binary.
+/// The harness, built once for its sources: kept in Cargo's scratch directory for tests
+/// under a name made of the sources' hash, so that the test processes (nextest runs each
+/// test in its own) share one build and a changed kernel gets a new one.
 fn harness() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
         .get_or_init(|| {
+            use sha2::{Digest, Sha256};
             let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let exe = std::env::temp_dir().join(format!("leapfmm-harness-{}", std::process::id()));
+            let mut sources: Vec<PathBuf> = ["kernels", "kernels/emulation"]
+                .iter()
+                .flat_map(|d| std::fs::read_dir(root.join(d)).unwrap().flatten())
+                .map(|e| e.path())
+                .filter(|p| p.is_file())
+                .collect();
+            sources.sort();
+            let mut h = Sha256::new();
+            for p in &sources {
+                h.update(p.file_name().unwrap().as_encoded_bytes());
+                h.update(std::fs::read(p).unwrap());
+            }
+            let hex: String = h.finalize()[..8]
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect();
+            let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+            let exe = dir.join(format!("emulation-harness-{hex}"));
+            if exe.exists() {
+                return exe;
+            }
+            // Built under a name of its own, then renamed into place: another test process
+            // may be building the same harness at the same time.
+            let building = dir.join(format!("emulation-harness-{hex}.{}", std::process::id()));
             let out = Command::new("c++")
                 .args(["-std=c++20", "-O2", "-pthread", "-Wall", "-Werror", "-I"])
                 .arg(root.join("kernels"))
                 .arg(root.join("kernels/emulation/harness.cpp"))
                 .arg("-o")
-                .arg(&exe)
+                .arg(&building)
                 .output()
                 .expect("a C++ compiler `c++` (install g++: scripts/install-deps.sh)");
             assert!(
@@ -30,6 +56,7 @@ fn harness() -> PathBuf {
                 "the kernels do not build under the emulation:\n{}",
                 String::from_utf8_lossy(&out.stderr)
             );
+            std::fs::rename(&building, &exe).unwrap();
             exe
         })
         .clone()
