@@ -30,6 +30,11 @@ pub struct Mac {
     pub support: f64,
 }
 
+/// Relative width of the band around the MAC's thresholds inside which `Mac::accepts`
+/// takes the square root: far wider than the roundings of either form of the test (~1e-16
+/// each), so that outside it the squared distances decide as the distance would.
+const MAC_BAND: f64 = 1e-9;
+
 impl Mac {
     /// True when the pair may interact by M2L.
     #[inline]
@@ -39,8 +44,27 @@ impl Mac {
             a.centre[1] - b.centre[1],
             a.centre[2] - b.centre[2],
         ];
-        let d = (d[0] * d[0] + d[1] * d[1] + d[2] * d[2]).sqrt();
+        let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
         let r = a.r_max + b.r_max;
+        // Most pairs lie clearly on one side of both thresholds: the squares decide without
+        // the square root, whose latency was a fifth of the walk. Near a threshold, the
+        // distance itself decides, so the answer is always `accepts_exactly`'s.
+        let (near, far) = (r * r, (r + self.support) * (r + self.support));
+        let reach = self.theta * self.theta * d2;
+        if reach > near * (1.0 + MAC_BAND) && d2 > far * (1.0 + MAC_BAND) {
+            return true;
+        }
+        if reach < near * (1.0 - MAC_BAND) || d2 < far * (1.0 - MAC_BAND) {
+            return false;
+        }
+        self.accepts_exactly(d2, r)
+    }
+
+    /// The criterion on the distance: `r < theta d` and `d - r > support` for centres
+    /// `d2.sqrt()` apart and radii adding up to `r`.
+    #[inline]
+    fn accepts_exactly(&self, d2: f64, r: f64) -> bool {
+        let d = d2.sqrt();
         r < self.theta * d && d - r > self.support
     }
 }
@@ -411,6 +435,51 @@ mod tests {
             assert_eq!(entries, list.len(), "every entry belongs to one target");
         }
         (cover, far.len())
+    }
+
+    #[test]
+    fn the_squared_test_decides_as_the_distance_does() {
+        // Pairs at random and pairs placed at the thresholds (each within a few ulps of
+        // where the exact test changes its answer), for several opening angles and
+        // supports, zero radii and zero distances included.
+        let mut s = 5u64;
+        let mut rnd = move || {
+            s = s
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (s >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let cell = |centre: [f64; 3], r_max: f64| Cell {
+            centre,
+            r_max,
+            ..Cell::default()
+        };
+        let mut decided = [0usize; 2];
+        for (theta, support) in [(0.6, 0.0), (0.5, 0.07), (0.3, 1.0), (1.0, 1e-3)] {
+            let mac = Mac { theta, support };
+            for k in 0..200_000 {
+                let (ra, rb) = (rnd() * 2.0, if k % 97 == 0 { 0.0 } else { rnd() });
+                let r = ra + rb;
+                let dist = match k % 4 {
+                    0 => rnd() * 20.0,
+                    1 => r / theta,
+                    2 => r + support,
+                    _ => 0.0,
+                };
+                let wiggle = 1.0 + (rnd() - 0.5) * 1e-15;
+                let dir = [rnd() - 0.5, rnd() - 0.5, rnd() - 0.5];
+                let norm = (dir[0] * dir[0] + dir[1] * dir[1] + dir[2] * dir[2]).sqrt();
+                let at = dir.map(|x| 3.0 + x / norm * dist * wiggle);
+                let (a, b) = (cell([3.0, 3.0, 3.0], ra), cell(at, rb));
+                let d = [0, 1, 2].map(|i| a.centre[i] - b.centre[i]);
+                let d2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
+                let exact = mac.accepts_exactly(d2, r);
+                assert_eq!(mac.accepts(&a, &b), exact, "{theta} {support} {a:?} {b:?}");
+                assert_eq!(mac.accepts(&b, &a), exact);
+                decided[usize::from(exact)] += 1;
+            }
+        }
+        assert!(decided[0] > 100_000 && decided[1] > 100_000, "{decided:?}");
     }
 
     #[test]
