@@ -679,6 +679,93 @@ fn device_moments_are_the_hosts_to_the_bit() {
     }
 }
 
+#[test]
+fn device_walk_gives_the_hosts_lists() {
+    // kernels/walk.cu level by level (count, prefix sums, write) under the emulation, in
+    // launches of a few targets and of whole levels, against traversal.rs's walk of the same
+    // tree: every cell's M2L and P2P sources in the same order, and the P2P particle pairs.
+    use leapfmm::fmm::caps::CappedBuffer;
+    use leapfmm::fmm::traversal::{Mac, unpack, walk};
+    use leapfmm::fmm::tree::Tree;
+    let n = 5000usize;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(13);
+    let pos: Vec<[f64; 3]> = (0..n)
+        .map(|i| {
+            let r: f64 = rng.random_range(0.0f64..1.0).powi(3) * 8.0;
+            let c = if i % 3 == 0 { 6.0 } else { 0.0 };
+            [
+                c + r * rng.random_range(-1.0..1.0),
+                r * rng.random_range(-1.0..1.0),
+                0.2 * r * rng.random_range(-1.0..1.0),
+            ]
+        })
+        .collect();
+    let mass: Vec<f64> = (0..n).map(|_| rng.random_range(0.5..1.5)).collect();
+    let id: Vec<u64> = (0..n as u64).collect();
+    let mut tree = Tree::default();
+    tree.build(&pos, &mass, &id, None, 8, usize::MAX).unwrap();
+    tree.compute_moments();
+    let cells = tree.cells.len();
+    for (mac, chunk) in [
+        (Mac { theta: 0.5, support: 0.05 }, 7u32),
+        (Mac { theta: 0.7, support: 0.0 }, 100_000),
+    ] {
+        let (mut m2l, mut p2p) = (CappedBuffer::default(), CappedBuffer::default());
+        m2l.reset(10_000_000);
+        p2p.reset(10_000_000);
+        let walked = walk(&tree, None, mac, &[], &m2l, &p2p);
+        let (far, near) = (m2l.take(), p2p.take());
+        let mut b = Vec::new();
+        let levels = tree.depth();
+        u32_bytes(&mut b, &[cells as u32, levels as u32, chunk, 32]);
+        f64_bytes(&mut b, [mac.theta, mac.support]);
+        f64_bytes(&mut b, tree.moments().into_iter().flatten());
+        let column = |f: fn(&leapfmm::fmm::tree::Cell) -> u32| -> Vec<u32> {
+            tree.cells.iter().map(f).collect()
+        };
+        u32_bytes(&mut b, &column(|c| c.begin));
+        u32_bytes(&mut b, &column(|c| c.end));
+        u32_bytes(&mut b, &column(|c| c.first_child));
+        u32_bytes(&mut b, &column(|c| u32::from(c.child_count)));
+        u32_bytes(&mut b, &column(|c| c.parent));
+        let level_start: Vec<u32> = tree.level_start.iter().map(|&l| l as u32).collect();
+        u32_bytes(&mut b, &level_start);
+        let out = run_harness("walk", &b);
+        let word = |i: usize| u32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap());
+        let (problems, m2l_total, p2p_total) = (word(0), word(1) as usize, word(2) as usize);
+        assert_eq!(problems, 0);
+        let u64_at = |at: usize| u64::from_le_bytes(out[at..at + 8].try_into().unwrap());
+        let spans = |which: usize| -> Vec<u64> {
+            (0..cells).map(|c| u64_at(12 + 8 * (which * cells + c))).collect()
+        };
+        let (m2l_spans, p2p_spans, pairs) = (spans(0), spans(1), spans(2));
+        let lists = 12 + 24 * cells;
+        let u32_at = |i: usize| u32::from_le_bytes(out[lists + 4 * i..lists + 4 * i + 4].try_into().unwrap());
+        let device_m2l: Vec<u32> = (0..m2l_total).map(u32_at).collect();
+        let device_p2p: Vec<u32> = (m2l_total..m2l_total + p2p_total).map(u32_at).collect();
+        assert_eq!((m2l_total, p2p_total), (far.len(), near.len()));
+        let of = |spans: &[u64], list: &[u32], c: usize| -> Vec<u32> {
+            let (start, len) = unpack(spans[c]);
+            list[start as usize..(start + len) as usize].to_vec()
+        };
+        for c in 0..cells {
+            assert_eq!(of(&m2l_spans, &device_m2l, c), of(&walked.m2l, &far, c), "M2L of {c}");
+            assert_eq!(of(&p2p_spans, &device_p2p, c), of(&walked.p2p, &near, c), "P2P of {c}");
+        }
+        let host_pairs: u64 = (0..cells)
+            .map(|c| {
+                let count = tree.cells[c].count() as u64;
+                of(&walked.p2p, &near, c)
+                    .iter()
+                    .map(|&s| count * tree.cells[s as usize].count() as u64)
+                    .sum::<u64>()
+            })
+            .sum();
+        assert_eq!(pairs.iter().sum::<u64>(), host_pairs);
+        assert!(far.len() > 10_000 && near.len() > 1_000, "{} {}", far.len(), near.len());
+    }
+}
+
 fn u32_bytes(b: &mut Vec<u8>, v: &[u32]) {
     v.iter().for_each(|x| b.extend(x.to_le_bytes()));
 }

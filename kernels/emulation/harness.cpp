@@ -24,12 +24,17 @@
 //                             begin, end, first_child, child_count, parent (per cell),
 //                             level_start (levels + 1), leaves; OUT: leaf_of, then mass,
 //                             centre and r_max of each cell (5 values)
+//   harness walk IN OUT       IN: cells, levels, chunk, block, theta, support, moments (5 per
+//                             cell), begin, end, first_child, child_count, parent (per
+//                             cell), level_start; OUT: problems, M2L and P2P totals, M2L
+//                             spans, P2P spans, P2P pairs (per cell), M2L list, P2P list
 #include "cuda_shim.h"
 #include "../p2p.cu"
 #include "../integrate.cu"
 #include "../expansions.cu"
 #include "../keys.cu"
 #include "../moments.cu"
+#include "../walk.cu"
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -345,6 +350,65 @@ int main(int argc, char** argv) {
                (const double*)centre.data(), (const unsigned long long*)r2.data(), moments.data());
         put(out, leaf_of);
         put(out, moments);
+    } else if (mode == "walk") {
+        auto cells = in.one<uint32_t>(), levels = in.one<uint32_t>();
+        auto chunk = in.one<uint32_t>(), block = in.one<uint32_t>();
+        auto theta = in.one<double>(), support = in.one<double>();
+        auto moments = in.many<double>(5 * cells);
+        auto begin = in.many<uint32_t>(cells), end = in.many<uint32_t>(cells);
+        auto first_child = in.many<uint32_t>(cells), child_count = in.many<uint32_t>(cells);
+        auto parent = in.many<uint32_t>(cells);
+        auto level_start = in.many<uint32_t>(levels + 1);
+        std::vector<uint64_t> m2l_spans(cells), p2p_spans(cells), pairs(cells), deferred_span[2];
+        std::vector<uint32_t> m2l_list, p2p_list, deferred[2], ring((size_t)chunk * WALK_QUEUE);
+        deferred_span[0].resize(cells);
+        deferred_span[1].resize(cells);
+        deferred[0].resize(1);
+        deferred[1].resize(1);
+        unsigned problems = 0, m2l_base = 0, p2p_base = 0;
+        for (unsigned l = 0; l < levels; ++l) {
+            unsigned first = level_start[l], count = level_start[l + 1] - first, stride = count + 1;
+            std::vector<uint32_t> counts(3 * stride, 0);
+            // Level l hands on what level l - 1 deferred, in the other buffers.
+            const std::vector<uint32_t>& handed = deferred[(l + 1) % 2];
+            const std::vector<uint64_t>& handed_span = deferred_span[(l + 1) % 2];
+            std::vector<uint32_t>& next = deferred[l % 2];
+            std::vector<uint64_t>& next_span = deferred_span[l % 2];
+            auto pass = [&](int write) {
+                for (unsigned c = first; c < first + count; c += chunk) {
+                    unsigned len = std::min(chunk, first + count - c);
+                    launch((len + block - 1) / block, block, walk_level, first, c, len, write,
+                           (const double*)moments.data(), (const unsigned*)begin.data(),
+                           (const unsigned*)end.data(), (const unsigned*)first_child.data(),
+                           (const unsigned*)child_count.data(), (const unsigned*)parent.data(),
+                           (const unsigned long long*)handed_span.data(),
+                           (const unsigned*)handed.data(), theta, support,
+                           (unsigned*)ring.data(), stride, (unsigned*)counts.data(),
+                           (unsigned long long*)pairs.data(), m2l_base, p2p_base,
+                           (unsigned*)m2l_list.data(), (unsigned long long*)m2l_spans.data(),
+                           (unsigned*)p2p_list.data(), (unsigned long long*)p2p_spans.data(),
+                           (unsigned*)next.data(), (unsigned long long*)next_span.data(),
+                           &problems);
+                }
+            };
+            pass(0);
+            for (unsigned i = 0; i < 3; ++i) {
+                launch(1, 64, radix_offsets, (unsigned*)counts.data() + i * stride, stride);
+            }
+            m2l_list.resize(m2l_base + counts[count]);
+            p2p_list.resize(p2p_base + counts[stride + count]);
+            next.resize(std::max(1u, counts[2 * stride + count]));
+            pass(1);
+            m2l_base += counts[count];
+            p2p_base += counts[stride + count];
+        }
+        uint32_t totals[3] = {problems, m2l_base, p2p_base};
+        std::fwrite(totals, 4, 3, out);
+        put(out, m2l_spans);
+        put(out, p2p_spans);
+        put(out, pairs);
+        put(out, m2l_list);
+        put(out, p2p_list);
     } else {
         std::fprintf(stderr, "harness: unknown mode %s\n", argv[1]);
         return 2;

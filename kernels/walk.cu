@@ -1,0 +1,197 @@
+// The dual-tree walk on the device (src/fmm/traversal.rs's `walk` over a rank's own tree,
+// every cell a target): the M2L sources and P2P source leaves of every cell, the same lists
+// in the same order as the host's, level by level. A target at level l takes the sources its
+// parent deferred (the root: itself), merges them with the children of the sources it opens
+// on the spot (smallest index first, the opened ones waiting in a ring of WALK_QUEUE
+// entries), decides each pair as the host does (`Mac::accepts`, `open_second`, the
+// symmetric walk's order of the pair), and writes its M2L and P2P lists and the sources it
+// defers to its children (with its own children in their place when it meets itself).
+//
+// One thread per target, run twice per level: a counting pass, then (after the host's
+// prefix sums of the counts) a writing pass that repeats the decisions and writes at the
+// offsets. Whatever the host's walk would have had to sort (a list out of increasing order)
+// or a ring that overflows is counted in `problems`: the host then walks itself.
+
+// Opened sources waiting in one target's ring (a power of two).
+#define WALK_QUEUE 1024
+// Relative band around the MAC's thresholds inside which the square root decides
+// (traversal.rs: MAC_BAND).
+#define WALK_MAC_BAND 1e-9
+
+// Cell c's values in the moments array (moments.cu's finish_moments: mass, centre, r_max).
+#define CELL_CENTRE(m, c, k) ((m)[5 * (size_t)(c) + 1 + (k)])
+#define CELL_R_MAX(m, c) ((m)[5 * (size_t)(c) + 4])
+
+// traversal.rs: Mac::accepts, unfused, with the same band.
+__device__ __forceinline__ bool mac_accepts(const double* m, unsigned a, unsigned b, double theta,
+                                            double support) {
+    const double dx = __dsub_rn(CELL_CENTRE(m, a, 0), CELL_CENTRE(m, b, 0));
+    const double dy = __dsub_rn(CELL_CENTRE(m, a, 1), CELL_CENTRE(m, b, 1));
+    const double dz = __dsub_rn(CELL_CENTRE(m, a, 2), CELL_CENTRE(m, b, 2));
+    const double d2 = __dadd_rn(__dadd_rn(__dmul_rn(dx, dx), __dmul_rn(dy, dy)), __dmul_rn(dz, dz));
+    const double r = __dadd_rn(CELL_R_MAX(m, a), CELL_R_MAX(m, b));
+    const double rs = __dadd_rn(r, support);
+    const double near = __dmul_rn(r, r), far = __dmul_rn(rs, rs);
+    const double reach = __dmul_rn(__dmul_rn(theta, theta), d2);
+    const double above = 1.0 + WALK_MAC_BAND, below = 1.0 - WALK_MAC_BAND;
+    if (reach > __dmul_rn(near, above) && d2 > __dmul_rn(far, above)) return true;
+    if (reach < __dmul_rn(near, below) || d2 < __dmul_rn(far, below)) return false;
+    const double d = sqrt(d2);
+    return r < __dmul_rn(theta, d) && __dsub_rn(d, r) > support;
+}
+
+// The key of f64::total_cmp: an integer ordered as total_cmp orders the doubles.
+__device__ __forceinline__ long long total_order(double x) {
+    long long bits = __double_as_longlong(x);
+    return bits ^ (long long)(((unsigned long long)(bits >> 63)) >> 1);
+}
+
+// traversal.rs: open_second for two cells of the own tree.
+__device__ __forceinline__ bool open_second(const double* m, const unsigned* child_count,
+                                            unsigned a, unsigned b) {
+    if (child_count[a] == 0) return true;
+    if (child_count[b] == 0) return false;
+    long long x = total_order(CELL_R_MAX(m, b)), y = total_order(CELL_R_MAX(m, a));
+    for (int k = 0; k < 3 && x == y; ++k) {
+        x = total_order(CELL_CENTRE(m, b, k));
+        y = total_order(CELL_CENTRE(m, a, k));
+    }
+    return x > y;
+}
+
+// One list of a target: counted, or written from `out` on; `last` checks increasing order.
+struct WalkList {
+    unsigned* out;
+    unsigned count;
+    unsigned last;
+    bool sorted;
+    __device__ void put(unsigned s) {
+        if (count > 0 && s <= last) sorted = false;
+        last = s;
+        if (out) out[count] = s;
+        ++count;
+    }
+};
+
+// The targets chunk_first .. chunk_first + chunk_count of the level whose cells start at
+// level_first. Sources handed to target t: `handed[start .. start + len]` with (start, len)
+// = unpack(deferred_span[parent[t]]) (the root: itself). counts[i stride + k], k = t -
+// level_first: how many M2L sources (i = 0), P2P sources (1) and deferred sources (2) t has
+// (each list's counts contiguous, `stride` apart, for the prefix sums); pairs[t]: its P2P
+// particle pairs. With `write` (counts now the exclusive prefix sums over
+// the level, per list), t's lists go to m2l_out[m2l_base + offset ..], p2p_out[p2p_base +
+// offset ..] and deferred_out[offset ..], with their spans. `ring` holds WALK_QUEUE entries
+// per thread of the launch.
+extern "C" __global__ void walk_level(
+    unsigned level_first, unsigned chunk_first, unsigned chunk_count, int write,
+    const double* __restrict__ moments, const unsigned* __restrict__ begin,
+    const unsigned* __restrict__ end, const unsigned* __restrict__ first_child,
+    const unsigned* __restrict__ child_count, const unsigned* __restrict__ parent,
+    const unsigned long long* __restrict__ handed_span, const unsigned* __restrict__ handed,
+    double theta, double support, unsigned* __restrict__ ring, unsigned stride,
+    unsigned* __restrict__ counts,
+    unsigned long long* __restrict__ pairs, unsigned m2l_base, unsigned p2p_base,
+    unsigned* __restrict__ m2l_out, unsigned long long* __restrict__ m2l_spans,
+    unsigned* __restrict__ p2p_out, unsigned long long* __restrict__ p2p_spans,
+    unsigned* __restrict__ deferred_out, unsigned long long* __restrict__ deferred_span,
+    unsigned* __restrict__ problems) {
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= chunk_count) return;
+    const unsigned t = chunk_first + i, k = t - level_first;
+    unsigned* queue = ring + (size_t)i * WALK_QUEUE;
+    const unsigned root_list = 0;
+    const unsigned* from = &root_list;
+    unsigned from_len = 1;
+    if (t != 0) {
+        const unsigned long long span = handed_span[parent[t]];
+        from = handed + (unsigned)(span >> 32);
+        from_len = (unsigned)span;
+    }
+    WalkList m2l{nullptr, 0, 0, true}, p2p{nullptr, 0, 0, true}, deferred{nullptr, 0, 0, true};
+    if (write) {
+        m2l.out = m2l_out + m2l_base + counts[k];
+        p2p.out = p2p_out + p2p_base + counts[stride + k];
+        deferred.out = deferred_out + counts[2 * stride + k];
+    }
+    const bool t_leaf = child_count[t] == 0;
+    const unsigned t_first = first_child[t], t_children = child_count[t];
+    const unsigned long long t_count = end[t] - begin[t];
+    unsigned long long near_pairs = 0;
+    bool split_self = false, children_placed = false, overflow = false;
+    unsigned next_handed = 0, head = 0, tail = 0;
+    while (!overflow) {
+        unsigned s;
+        const bool have_handed = next_handed < from_len, have_opened = head < tail;
+        if (have_handed && have_opened) {
+            const unsigned h = from[next_handed], o = queue[head % WALK_QUEUE];
+            if (o < h) {
+                s = o;
+                ++head;
+            } else {
+                s = h;
+                ++next_handed;
+            }
+        } else if (have_handed) {
+            s = from[next_handed++];
+        } else if (have_opened) {
+            s = queue[head++ % WALK_QUEUE];
+        } else {
+            break;
+        }
+        if (s == t) {
+            if (t_leaf) {
+                p2p.put(t);
+                near_pairs += t_count * t_count;
+            } else {
+                split_self = true;
+            }
+            continue;
+        }
+        if (mac_accepts(moments, t, s, theta, support)) {
+            m2l.put(s);
+            continue;
+        }
+        const bool s_leaf = child_count[s] == 0;
+        if (t_leaf && s_leaf) {
+            p2p.put(s);
+            near_pairs += t_count * (unsigned long long)(end[s] - begin[s]);
+            continue;
+        }
+        const bool opens_source = begin[t] < begin[s] ? open_second(moments, child_count, t, s)
+                                                      : !open_second(moments, child_count, s, t);
+        if (opens_source) {
+            const unsigned c0 = first_child[s], c1 = c0 + child_count[s];
+            for (unsigned c = c0; c < c1; ++c) {
+                if (tail - head == WALK_QUEUE) {
+                    overflow = true;
+                    break;
+                }
+                queue[tail++ % WALK_QUEUE] = c;
+            }
+        } else {
+            // The target's own children go where the host's partition point puts them:
+            // before the first deferred source at or past them.
+            if (split_self && !children_placed && s >= t_first) {
+                for (unsigned c = t_first; c < t_first + t_children; ++c) deferred.put(c);
+                children_placed = true;
+            }
+            deferred.put(s);
+        }
+    }
+    if (split_self && !children_placed) {
+        for (unsigned c = t_first; c < t_first + t_children; ++c) deferred.put(c);
+    }
+    if (t_leaf && deferred.count > 0) overflow = true;
+    if (overflow || !m2l.sorted || !p2p.sorted || !deferred.sorted) atomicAdd(problems, 1u);
+    if (write) {
+        const unsigned m2l_start = m2l_base + counts[k], p2p_start = p2p_base + counts[stride + k];
+        m2l_spans[t] = ((unsigned long long)m2l_start << 32) | m2l.count;
+        p2p_spans[t] = ((unsigned long long)p2p_start << 32) | p2p.count;
+        deferred_span[t] = ((unsigned long long)counts[2 * stride + k] << 32) | deferred.count;
+    } else {
+        counts[k] = m2l.count;
+        counts[stride + k] = p2p.count;
+        counts[2 * stride + k] = deferred.count;
+        pairs[t] = near_pairs;
+    }
+}
