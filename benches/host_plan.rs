@@ -4,14 +4,14 @@
 //! with the particles keyed and sorted as a device sorts them (`FmmSolver::plan_sorted`, the
 //! resident run's path; the sort itself done here beforehand and not timed): what is left
 //! to the host once the device sorts. Then with the cells' moments from the device too
-//! (`plan_sorted` without positions and a `MomentsSource`; the moments computed here
+//! (`plan_sorted` without positions and a `DeviceTree`; the moments computed here
 //! beforehand and not timed): what is left once the device also computes them.
 //!
 //! `cargo bench --bench host_plan` (N = 1e7, ~2.5 GB; `HOST_PLAN_N=1000000` for less);
 //! figures go to docs/benchmarks.md (GPU backend).
 
 use leapfmm::bench::Workload;
-use leapfmm::fmm::solver::{Evaluation, FmmStats, MomentsSource};
+use leapfmm::fmm::solver::{DeviceTree, Evaluation, FmmStats};
 use leapfmm::fmm::tree::{MOMENT_VALUES, SortedParticles, Tree};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::GravityError;
@@ -83,7 +83,7 @@ fn main() {
 /// The cells' moments as a device hands them over, computed beforehand.
 struct Precomputed(Vec<[f64; MOMENT_VALUES]>);
 
-impl MomentsSource for Precomputed {
+impl DeviceTree for Precomputed {
     fn cell_moments(
         &mut self,
         _tree: &Tree,

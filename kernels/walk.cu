@@ -99,8 +99,8 @@ extern "C" __global__ void walk_level(
     if (i >= chunk_count) return;
     const unsigned t = chunk_first + i, k = t - level_first;
     unsigned* queue = ring + (size_t)i * WALK_QUEUE;
-    const unsigned root_list = 0;
-    const unsigned* from = &root_list;
+    // The root is handed itself (no list: a local one would live in local memory).
+    const unsigned* from = nullptr;
     unsigned from_len = 1;
     if (t != 0) {
         const unsigned long long span = handed_span[parent[t]];
@@ -123,7 +123,7 @@ extern "C" __global__ void walk_level(
         unsigned s;
         const bool have_handed = next_handed < from_len, have_opened = head < tail;
         if (have_handed && have_opened) {
-            const unsigned h = from[next_handed], o = queue[head % WALK_QUEUE];
+            const unsigned h = from ? from[next_handed] : 0u, o = queue[head % WALK_QUEUE];
             if (o < h) {
                 s = o;
                 ++head;
@@ -132,7 +132,8 @@ extern "C" __global__ void walk_level(
                 ++next_handed;
             }
         } else if (have_handed) {
-            s = from[next_handed++];
+            s = from ? from[next_handed] : 0u;
+            ++next_handed;
         } else if (have_opened) {
             s = queue[head++ % WALK_QUEUE];
         } else {

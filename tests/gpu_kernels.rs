@@ -4,7 +4,7 @@
 //! partial tile, an empty leaf and leaves larger than a block; kick and drift exactly.
 //! Needs a C++20 compiler (`c++`; scripts/install-deps.sh installs g++).
 
-use leapfmm::fmm::traversal::pack;
+use leapfmm::fmm::traversal::{pack, unpack};
 use leapfmm::gravity::softening::{Softening, SofteningKernel};
 use rand::{RngExt, SeedableRng};
 use std::path::{Path, PathBuf};
@@ -524,6 +524,8 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
         mass: &mass,
         sorter_order: index.clone(),
         reordered: Vec::new(),
+        walk: false,
+        walked: None,
     };
     let stats = a
         .plan_sorted(&mut keys_only, &id, Some(&mut device))
@@ -543,6 +545,36 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
         (pb.p2p_spans, pb.p2p_sources)
     );
     assert_eq!(stats.caps, b.caps().unwrap());
+    // And with the walk on the device too: no lists in the plan, the device's are the
+    // host's, and so are the sizes the caps learn from and the pair count.
+    let mut keys_only = device_sorted();
+    (keys_only.pos, keys_only.mass) = (Vec::new(), Vec::new());
+    device.walk = true;
+    let stats = a
+        .plan_sorted(&mut keys_only, &id, Some(&mut device))
+        .unwrap();
+    let walked = device.walked.take().expect("the device walked");
+    let (pa, pb) = (a.device_plan().unwrap(), b.device_plan().unwrap());
+    let lists = pa.device_lists.expect("lists on the device");
+    assert!(pa.m2l_sources.is_empty() && pa.p2p_spans.is_empty());
+    assert_eq!(
+        (lists.m2l, lists.p2p),
+        (pb.m2l_sources.len(), pb.p2p_sources.len())
+    );
+    assert_eq!(
+        (stats.used.m2l_pairs, stats.used.p2p_pairs),
+        (lists.m2l, lists.p2p)
+    );
+    assert_eq!(pa.p2p_interactions(), pb.p2p_interactions());
+    assert_eq!(pa.centre, pb.centre);
+    let of = |spans: &[u64], list: &[u32], c: usize| -> Vec<u32> {
+        let (start, len) = unpack(spans[c]);
+        list[start as usize..(start + len) as usize].to_vec()
+    };
+    for c in 0..pb.centre.len() {
+        assert_eq!(of(&walked.m2l_spans, &walked.m2l_sources, c), pb.m2l_of(c));
+        assert_eq!(of(&walked.p2p_spans, &walked.p2p_sources, c), pb.p2p_of(c));
+    }
     // A mass that is not finite shows in the extremes' flag.
     let mut bad = mass.clone();
     bad[8999] = f64::NAN;
@@ -557,9 +589,12 @@ struct EmulatedMoments<'a> {
     sorter_order: Vec<u32>,
     /// `reordered` of each call.
     reordered: Vec<bool>,
+    /// Whether to walk too (kernels/walk.cu under the emulation), and the lists it made.
+    walk: bool,
+    walked: Option<EmulatedWalk>,
 }
 
-impl leapfmm::fmm::solver::MomentsSource for EmulatedMoments<'_> {
+impl leapfmm::fmm::solver::DeviceTree for EmulatedMoments<'_> {
     fn cell_moments(
         &mut self,
         tree: &leapfmm::fmm::tree::Tree,
@@ -576,6 +611,26 @@ impl leapfmm::fmm::solver::MomentsSource for EmulatedMoments<'_> {
         let mass: Vec<f64> = order.iter().map(|&i| self.mass[i as usize]).collect();
         *out = emulated_moments(tree, &pos, &mass, 64).1;
         Ok(())
+    }
+
+    fn walk(
+        &mut self,
+        tree: &leapfmm::fmm::tree::Tree,
+        mac: leapfmm::fmm::traversal::Mac,
+        _caps: &leapfmm::fmm::caps::Caps,
+    ) -> Result<Option<leapfmm::fmm::solver::DeviceLists>, leapfmm::gravity::GravityError> {
+        if !self.walk {
+            return Ok(None);
+        }
+        let w = emulated_walk(tree, mac, 4096);
+        assert_eq!(w.problems, 0);
+        let lists = leapfmm::fmm::solver::DeviceLists {
+            m2l: w.m2l_sources.len(),
+            p2p: w.p2p_sources.len(),
+            p2p_interactions: w.pairs.iter().sum(),
+        };
+        self.walked = Some(w);
+        Ok(Some(lists))
     }
 }
 
@@ -685,7 +740,7 @@ fn device_walk_gives_the_hosts_lists() {
     // launches of a few targets and of whole levels, against traversal.rs's walk of the same
     // tree: every cell's M2L and P2P sources in the same order, and the P2P particle pairs.
     use leapfmm::fmm::caps::CappedBuffer;
-    use leapfmm::fmm::traversal::{Mac, unpack, walk};
+    use leapfmm::fmm::traversal::{Mac, walk};
     use leapfmm::fmm::tree::Tree;
     let n = 5000usize;
     let mut rng = rand_pcg::Pcg64::seed_from_u64(13);
@@ -707,50 +762,47 @@ fn device_walk_gives_the_hosts_lists() {
     tree.compute_moments();
     let cells = tree.cells.len();
     for (mac, chunk) in [
-        (Mac { theta: 0.5, support: 0.05 }, 7u32),
-        (Mac { theta: 0.7, support: 0.0 }, 100_000),
+        (
+            Mac {
+                theta: 0.5,
+                support: 0.05,
+            },
+            7u32,
+        ),
+        (
+            Mac {
+                theta: 0.7,
+                support: 0.0,
+            },
+            100_000,
+        ),
     ] {
         let (mut m2l, mut p2p) = (CappedBuffer::default(), CappedBuffer::default());
         m2l.reset(10_000_000);
         p2p.reset(10_000_000);
         let walked = walk(&tree, None, mac, &[], &m2l, &p2p);
         let (far, near) = (m2l.take(), p2p.take());
-        let mut b = Vec::new();
-        let levels = tree.depth();
-        u32_bytes(&mut b, &[cells as u32, levels as u32, chunk, 32]);
-        f64_bytes(&mut b, [mac.theta, mac.support]);
-        f64_bytes(&mut b, tree.moments().into_iter().flatten());
-        let column = |f: fn(&leapfmm::fmm::tree::Cell) -> u32| -> Vec<u32> {
-            tree.cells.iter().map(f).collect()
-        };
-        u32_bytes(&mut b, &column(|c| c.begin));
-        u32_bytes(&mut b, &column(|c| c.end));
-        u32_bytes(&mut b, &column(|c| c.first_child));
-        u32_bytes(&mut b, &column(|c| u32::from(c.child_count)));
-        u32_bytes(&mut b, &column(|c| c.parent));
-        let level_start: Vec<u32> = tree.level_start.iter().map(|&l| l as u32).collect();
-        u32_bytes(&mut b, &level_start);
-        let out = run_harness("walk", &b);
-        let word = |i: usize| u32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap());
-        let (problems, m2l_total, p2p_total) = (word(0), word(1) as usize, word(2) as usize);
-        assert_eq!(problems, 0);
-        let u64_at = |at: usize| u64::from_le_bytes(out[at..at + 8].try_into().unwrap());
-        let spans = |which: usize| -> Vec<u64> {
-            (0..cells).map(|c| u64_at(12 + 8 * (which * cells + c))).collect()
-        };
-        let (m2l_spans, p2p_spans, pairs) = (spans(0), spans(1), spans(2));
-        let lists = 12 + 24 * cells;
-        let u32_at = |i: usize| u32::from_le_bytes(out[lists + 4 * i..lists + 4 * i + 4].try_into().unwrap());
-        let device_m2l: Vec<u32> = (0..m2l_total).map(u32_at).collect();
-        let device_p2p: Vec<u32> = (m2l_total..m2l_total + p2p_total).map(u32_at).collect();
+        let w = emulated_walk(&tree, mac, chunk);
+        assert_eq!(w.problems, 0);
+        let (m2l_spans, p2p_spans, pairs) = (&w.m2l_spans, &w.p2p_spans, &w.pairs);
+        let (device_m2l, device_p2p) = (&w.m2l_sources, &w.p2p_sources);
+        let (m2l_total, p2p_total) = (device_m2l.len(), device_p2p.len());
         assert_eq!((m2l_total, p2p_total), (far.len(), near.len()));
         let of = |spans: &[u64], list: &[u32], c: usize| -> Vec<u32> {
             let (start, len) = unpack(spans[c]);
             list[start as usize..(start + len) as usize].to_vec()
         };
         for c in 0..cells {
-            assert_eq!(of(&m2l_spans, &device_m2l, c), of(&walked.m2l, &far, c), "M2L of {c}");
-            assert_eq!(of(&p2p_spans, &device_p2p, c), of(&walked.p2p, &near, c), "P2P of {c}");
+            assert_eq!(
+                of(m2l_spans, device_m2l, c),
+                of(&walked.m2l, &far, c),
+                "M2L of {c}"
+            );
+            assert_eq!(
+                of(p2p_spans, device_p2p, c),
+                of(&walked.p2p, &near, c),
+                "P2P of {c}"
+            );
         }
         let host_pairs: u64 = (0..cells)
             .map(|c| {
@@ -762,7 +814,66 @@ fn device_walk_gives_the_hosts_lists() {
             })
             .sum();
         assert_eq!(pairs.iter().sum::<u64>(), host_pairs);
-        assert!(far.len() > 10_000 && near.len() > 1_000, "{} {}", far.len(), near.len());
+        assert!(
+            far.len() > 10_000 && near.len() > 1_000,
+            "{} {}",
+            far.len(),
+            near.len()
+        );
+    }
+}
+
+/// kernels/walk.cu's lists under the emulation (harness mode `walk`).
+struct EmulatedWalk {
+    problems: u32,
+    m2l_spans: Vec<u64>,
+    p2p_spans: Vec<u64>,
+    pairs: Vec<u64>,
+    m2l_sources: Vec<u32>,
+    p2p_sources: Vec<u32>,
+}
+
+/// The device walk of `tree` (moments set) with `mac`, in launches of `chunk` targets.
+fn emulated_walk(
+    tree: &leapfmm::fmm::tree::Tree,
+    mac: leapfmm::fmm::traversal::Mac,
+    chunk: u32,
+) -> EmulatedWalk {
+    let cells = tree.cells.len();
+    let mut b = Vec::new();
+    let levels = tree.depth();
+    u32_bytes(&mut b, &[cells as u32, levels as u32, chunk, 32]);
+    f64_bytes(&mut b, [mac.theta, mac.support]);
+    f64_bytes(&mut b, tree.moments().into_iter().flatten());
+    let column = |f: fn(&leapfmm::fmm::tree::Cell) -> u32| -> Vec<u32> {
+        tree.cells.iter().map(f).collect()
+    };
+    u32_bytes(&mut b, &column(|c| c.begin));
+    u32_bytes(&mut b, &column(|c| c.end));
+    u32_bytes(&mut b, &column(|c| c.first_child));
+    u32_bytes(&mut b, &column(|c| u32::from(c.child_count)));
+    u32_bytes(&mut b, &column(|c| c.parent));
+    let level_start: Vec<u32> = tree.level_start.iter().map(|&l| l as u32).collect();
+    u32_bytes(&mut b, &level_start);
+    let out = run_harness("walk", &b);
+    let word = |i: usize| u32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap());
+    let (problems, m2l_total, p2p_total) = (word(0), word(1) as usize, word(2) as usize);
+    let u64_at = |at: usize| u64::from_le_bytes(out[at..at + 8].try_into().unwrap());
+    let spans = |which: usize| -> Vec<u64> {
+        (0..cells)
+            .map(|c| u64_at(12 + 8 * (which * cells + c)))
+            .collect()
+    };
+    let lists = 12 + 24 * cells;
+    let u32_at =
+        |i: usize| u32::from_le_bytes(out[lists + 4 * i..lists + 4 * i + 4].try_into().unwrap());
+    EmulatedWalk {
+        problems,
+        m2l_spans: spans(0),
+        p2p_spans: spans(1),
+        pairs: spans(2),
+        m2l_sources: (0..m2l_total).map(u32_at).collect(),
+        p2p_sources: (m2l_total..m2l_total + p2p_total).map(u32_at).collect(),
     }
 }
 

@@ -20,7 +20,7 @@ fn kernels_compile_with_nvrtc_and_the_ptx_cache_is_reused() {
     eprintln!("NVRTC {:?}", version().unwrap());
     let cache = tempfile::tempdir().unwrap();
     let first = compile_all("sm_90", Some(cache.path())).unwrap();
-    assert_eq!(first.len(), 5);
+    assert_eq!(first.len(), 6);
     assert!(first.iter().all(|k| !k.cached));
     for entry in [
         "p2p_leaves",
@@ -44,6 +44,7 @@ fn kernels_compile_with_nvrtc_and_the_ptx_cache_is_reused() {
         "level_moments",
         "ancestor_r2",
         "finish_moments",
+        "walk_level",
     ] {
         assert!(
             first
@@ -59,7 +60,7 @@ fn kernels_compile_with_nvrtc_and_the_ptx_cache_is_reused() {
     }
     let other = compile_all("sm_80", Some(cache.path())).unwrap();
     assert!(other.iter().all(|k| !k.cached), "sm_80 reused sm_90's PTX");
-    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 10);
+    assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 12);
 }
 
 #[test]

@@ -364,13 +364,7 @@ fn on_gpu(
             pot[orig as usize] = out.pot[sorted];
         }
     }
-    device_tree_order(
-        &mut gpu,
-        particles,
-        &plan,
-        solver.settings().leaf_size,
-        args.repeat,
-    )?;
+    device_tree_order(&mut gpu, particles, &plan, settings, &caps, args.repeat)?;
     let mut diff: Vec<f64> = acc
         .iter()
         .zip(cpu_acc)
@@ -391,18 +385,21 @@ fn on_gpu(
     Ok((acc, pot))
 }
 
-/// The device's sort of `particles` into tree order (`GpuFmm::sort_resident`) and its
-/// moments of the cells (`GpuFmm::cell_moments`), `repeat` times, against the host's tree
-/// of `plan` and the host's moments of the same cells (`leaf_size` particles a leaf at
-/// most): the same order, positions and moments to the bit, or an error.
+/// The device's sort of `particles` into tree order (`GpuFmm::sort_resident`), its moments
+/// of the cells (`GpuFmm::cell_moments`) and its walk (`GpuFmm::walk`), `repeat` times,
+/// against the host's tree and lists of `plan` and the host's moments of the same cells
+/// (`settings` as the plan's, `caps` the solver's): the same order, positions, moments and
+/// lists to the bit, or an error.
 #[cfg(feature = "cuda")]
 fn device_tree_order(
     gpu: &mut leapfmm::gpu::device::GpuFmm,
     particles: &Particles,
     plan: &leapfmm::fmm::solver::DevicePlan,
-    leaf_size: usize,
+    settings: &leapfmm::fmm::FmmSettings,
+    caps: &leapfmm::fmm::caps::Caps,
     repeat: usize,
 ) -> Result<()> {
+    let (leaf_size, mac) = (settings.leaf_size, settings.mac());
     use leapfmm::fmm::tree::{SortedParticles, Tree};
     let state = gpu.load_state(particles)?;
     let mut sorted = SortedParticles::default();
@@ -450,6 +447,41 @@ fn device_tree_order(
         );
         if differ > 0 {
             bail!("the device's cell moments differ from the host's");
+        }
+        let start = Instant::now();
+        let Some(lists) = gpu.walk(&tree, mac, caps)? else {
+            bail!(
+                "the device's walk gave up (a ring of opened sources overflowed or a list came out of order)"
+            );
+        };
+        let secs = start.elapsed().as_secs_f64();
+        let walked = gpu.walked_lists(tree.cells.len(), lists)?;
+        let of = |spans: &[u64], list: &[u32], c: usize| -> Vec<u32> {
+            let (start, len) = leapfmm::fmm::traversal::unpack(spans[c]);
+            list[start as usize..(start + len) as usize].to_vec()
+        };
+        let differ = (0..tree.cells.len())
+            .filter(|&c| {
+                of(&walked.m2l_spans, &walked.m2l_sources, c) != plan.m2l_of(c)
+                    || of(&walked.p2p_spans, &walked.p2p_sources, c) != plan.p2p_of(c)
+            })
+            .count();
+        let same = differ == 0
+            && lists.p2p_interactions == plan.p2p_interactions()
+            && (lists.m2l, lists.p2p) == (plan.m2l_sources.len(), plan.p2p_sources.len());
+        println!(
+            "GPU walk {}: {secs:.3} s ({} M2L and {} P2P entries); the host's lists: {}",
+            k + 1,
+            lists.m2l,
+            lists.p2p,
+            if same {
+                "identical".to_string()
+            } else {
+                format!("DIFFERENT for {differ} cells")
+            }
+        );
+        if !same {
+            bail!("the device's lists differ from the host's");
         }
     }
     Ok(())

@@ -222,20 +222,44 @@ impl PairList {
     }
 }
 
-/// The cells' moments found where the particles are, for a tree that holds none of their
-/// positions (`plan_sorted` with `SortedParticles` without them): a device that sorted the
-/// particles computes what `Tree::compute_moments` would, bit for bit.
-pub trait MomentsSource {
+/// Where the particles of a tree that holds none of their positions are (`plan_sorted`
+/// with `SortedParticles` without them: a device that sorted them): it computes the cells'
+/// moments there, and may walk the tree there too.
+pub trait DeviceTree {
     /// Mass, centre and r_max of every cell of `tree` (its cells built, its `order` final)
-    /// into `out`, in cell order. `reordered`: the tree's order differs from the one the
-    /// sorter handed over (`Tree::adopt_sorted` reordered equal keys), so the particles
-    /// must first be put into `tree.order`.
+    /// into `out`, in cell order: what `Tree::compute_moments` would give, bit for bit.
+    /// `reordered`: the tree's order differs from the one the sorter handed over
+    /// (`Tree::adopt_sorted` reordered equal keys), so the particles must first be put into
+    /// `tree.order`.
     fn cell_moments(
         &mut self,
         tree: &Tree,
         reordered: bool,
         out: &mut Vec<[f64; MOMENT_VALUES]>,
     ) -> Result<(), GravityError>;
+
+    /// Walks `tree` (its moments set) with `mac`, every own cell a target, and keeps the
+    /// lists where the tree is (the ones `traversal::walk` makes, for passes run there);
+    /// `None` when it does not (the host walks). `caps`: the lists' expected sizes.
+    fn walk(
+        &mut self,
+        _tree: &Tree,
+        _mac: Mac,
+        _caps: &Caps,
+    ) -> Result<Option<DeviceLists>, GravityError> {
+        Ok(None)
+    }
+}
+
+/// The sizes of lists a `DeviceTree` walked and keeps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeviceLists {
+    /// M2L entries.
+    pub m2l: usize,
+    /// P2P entries.
+    pub p2p: usize,
+    /// Particle pairs the P2P entries make (self-pairs of a leaf included).
+    pub p2p_interactions: u64,
 }
 
 /// Where an evaluation's tree gets its particles.
@@ -249,7 +273,7 @@ enum TreeInput<'a> {
     /// moments come from `moments` when given.
     Sorted {
         sorted: &'a mut SortedParticles,
-        moments: Option<&'a mut dyn MomentsSource>,
+        moments: Option<&'a mut dyn DeviceTree>,
     },
 }
 
@@ -295,8 +319,11 @@ pub struct FmmSolver {
     p2p: PairList,
     acc: Vec<[f64; 3]>,
     pot: Vec<f64>,
-    /// The cells' moments from a `MomentsSource`, kept between evaluations.
+    /// The cells' moments from a `DeviceTree`, kept between evaluations.
     moments_scratch: Vec<[f64; MOMENT_VALUES]>,
+    /// The last evaluation's lists when a `DeviceTree` walked and keeps them (`m2l` and
+    /// `p2p` are then empty).
+    device_lists: Option<DeviceLists>,
 }
 
 impl FmmSolver {
@@ -328,6 +355,7 @@ impl FmmSolver {
             acc: Vec::new(),
             pot: Vec::new(),
             moments_scratch: Vec::new(),
+            device_lists: None,
         }
     }
 
@@ -484,7 +512,7 @@ impl FmmSolver {
         &mut self,
         sorted: &mut SortedParticles,
         id: &[u64],
-        moments: Option<&mut dyn MomentsSource>,
+        moments: Option<&mut dyn DeviceTree>,
     ) -> Result<FmmStats, GravityError> {
         let mut stats = FmmStats::default();
         if sorted.pos.is_empty() && !sorted.keys.is_empty() && moments.is_none() {
@@ -493,7 +521,7 @@ impl FmmSolver {
             )));
         }
         // A shorter borrow of the source, as long as the one of `sorted`.
-        let moments = moments.map(|m| m as &mut dyn MomentsSource);
+        let moments = moments.map(|m| m as &mut dyn DeviceTree);
         let input = TreeInput::Sorted { sorted, moments };
         self.build_lists(input, id, Evaluation::default(), false, &mut stats)?;
         self.tracker.settle(&stats.used);
@@ -532,7 +560,7 @@ impl FmmSolver {
             .give_back(std::mem::take(&mut self.p2p.sources));
         // Particles sorted elsewhere are taken once; a retry for more cells only splits again.
         let t0 = Instant::now();
-        let (unsorted, mut moments_source, reordered) = match input {
+        let (unsorted, mut device_tree, reordered) = match input {
             TreeInput::Unsorted { pos, mass } => (Some((pos, mass)), None, false),
             TreeInput::Sorted { sorted, moments } => {
                 let reordered = self.tree.adopt_sorted(sorted, id)?;
@@ -569,7 +597,7 @@ impl FmmSolver {
         }
         let t0 = Instant::now();
         if n > 0 {
-            match moments_source.as_mut() {
+            match device_tree.as_mut() {
                 Some(source) => {
                     let mut moments = std::mem::take(&mut self.moments_scratch);
                     source.cell_moments(&self.tree, reordered, &mut moments)?;
@@ -605,6 +633,31 @@ impl FmmSolver {
             stats.seconds.exchange = t0.elapsed().as_secs_f64();
         }
 
+        self.device_lists = None;
+        let cells = self.tree.own_cells;
+        let own_tree = remote_roots.is_empty() && self.targets.is_empty() && n > 0;
+        if let (Some(device), true) = (device_tree.as_mut(), own_tree) {
+            let t0 = Instant::now();
+            let caps = self.tracker.caps();
+            let lists = device.walk(&self.tree, mac, &caps)?;
+            stats.seconds.traversal += t0.elapsed().as_secs_f64();
+            if let Some(lists) = lists {
+                self.device_lists = Some(lists);
+                self.m2l = PairList::default();
+                self.p2p = PairList::default();
+                stats.caps = caps;
+                stats.cells = cells;
+                stats.remote_cells = 0;
+                stats.remote_m2l = 0;
+                stats.used = Caps {
+                    cells,
+                    m2l_pairs: lists.m2l,
+                    p2p_pairs: lists.p2p,
+                    ..stats.used
+                };
+                return Ok(());
+            }
+        }
         let walked = loop {
             let caps = self.tracker.caps();
             let t0 = Instant::now();
@@ -638,7 +691,6 @@ impl FmmSolver {
             }
             check_retries(stats)?;
         };
-        let cells = self.tree.own_cells;
         stats.cells = cells;
         stats.remote_cells = self.tree.cells.len() - cells;
         stats.remote_m2l = 0;
@@ -971,6 +1023,9 @@ pub struct DevicePlan<'a> {
     pub p2p_spans: &'a [u64],
     /// See `p2p_spans`.
     pub p2p_sources: &'a [u32],
+    /// Set when the lists were walked on the device and stay there (`DeviceTree::walk`):
+    /// the spans and sources above are then empty.
+    pub device_lists: Option<DeviceLists>,
 }
 
 impl DevicePlan<'_> {
@@ -991,6 +1046,9 @@ impl DevicePlan<'_> {
 
     /// Particle pairs the P2P lists make (self-pairs of a leaf included).
     pub fn p2p_interactions(&self) -> u64 {
+        if let Some(lists) = self.device_lists {
+            return lists.p2p_interactions;
+        }
         let count = |c: u32| u64::from(self.end[c as usize] - self.begin[c as usize]);
         self.leaves
             .iter()
@@ -1063,6 +1121,7 @@ impl FmmSolver {
             m2l_sources: &self.m2l.sources,
             p2p_spans: &self.p2p.spans,
             p2p_sources: &self.p2p.sources,
+            device_lists: self.device_lists,
         })
     }
 }

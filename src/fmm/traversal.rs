@@ -32,8 +32,9 @@ pub struct Mac {
 
 /// Relative width of the band around the MAC's thresholds inside which `Mac::accepts`
 /// takes the square root: far wider than the roundings of either form of the test (~1e-16
-/// each), so that outside it the squared distances decide as the distance would.
-const MAC_BAND: f64 = 1e-9;
+/// each), so that outside it the squared distances decide as the distance would (the
+/// device walk, kernels/walk.cu, uses the same band).
+pub const MAC_BAND: f64 = 1e-9;
 
 impl Mac {
     /// True when the pair may interact by M2L.

@@ -6,8 +6,9 @@
 //! (`evaluate`), or the particles live on the device for the whole run (`DeviceState`):
 //! they are keyed and sorted into tree order there (`sort_resident`: the host gets the
 //! sorted keys and order and splits the cells), the cells' moments are computed there
-//! (`cell_moments`: the host gets each cell's mass, centre and radius and walks), the
-//! particles are gathered into tree order and the forces scattered back
+//! (`cell_moments`: the host gets each cell's mass, centre and radius), the tree is walked
+//! there (`walk`: the lists stay for the passes), the particles are gathered into tree
+//! order and the forces scattered back
 //! (`evaluate_resident`), and the kick and drift run there. The same kernels run under the
 //! CPU emulation in tests/gpu_kernels.rs, where they match the CPU backend. Not yet verified on a GPU: no device was lent while it was written
 //! (scripts/gpu-check.sh is the check).
@@ -16,10 +17,11 @@ use super::memory::{DeviceLengths, M2L_THREADS, THREADS_PER_BLOCK, resident_f64_
 use super::nvrtc::{KernelError, compile_all};
 use super::sort::{
     ANCESTOR_THREADS, BOUNDS_BLOCKS, BOUNDS_FIELDS, BOUNDS_THREADS, LEVEL_SLOTS, OFFSETS_THREADS,
-    RADIX_BITS, RADIX_THREADS, cube_of_bounds, sort_blocks,
+    RADIX_BITS, RADIX_THREADS, WALK_CHUNK, WALK_RING_BYTES, cube_of_bounds, sort_blocks,
 };
 use crate::fmm::caps::Caps;
-use crate::fmm::solver::{DeviceForces, DevicePasses, DevicePlan, DeviceSeconds};
+use crate::fmm::solver::{DeviceForces, DeviceLists, DevicePasses, DevicePlan, DeviceSeconds};
+use crate::fmm::traversal::Mac;
 use crate::fmm::tree::{MOMENT_VALUES, SortedParticles, Tree};
 use crate::gravity::GravityError;
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
@@ -74,6 +76,8 @@ pub struct GpuFmm {
     sorting: Option<SortBuffers>,
     /// Kept between computations of the cells' moments (`cell_moments`).
     moments: Option<MomentsBuffers>,
+    /// Kept between walks (`walk`).
+    walking: Option<WalkBuffers>,
 }
 
 /// The loaded kernels.
@@ -99,6 +103,7 @@ struct Kernels {
     level_moments: CudaFunction,
     ancestor_r2: CudaFunction,
     finish_moments: CudaFunction,
+    walk_level: CudaFunction,
 }
 
 /// A run's particle state on the device (design §7), in the run's particle order: what the
@@ -140,6 +145,25 @@ impl<T: DeviceRepr + ValidAsZeroBits> Reused<T> {
             self.buf = stream.alloc_zeros::<T>(1)?;
             let grown = (count as f64 * BUFFER_GROWTH).ceil() as usize;
             self.buf = stream.alloc_zeros::<T>(grown)?;
+        }
+        Ok(())
+    }
+
+    /// Room for `count` values, keeping the first `keep`: as `room`, with those copied over
+    /// when the buffer is reallocated.
+    fn room_keeping(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        count: usize,
+        keep: usize,
+    ) -> Result<(), GpuError> {
+        if self.buf.len() < count {
+            let grown = (count as f64 * BUFFER_GROWTH).ceil() as usize;
+            let mut larger = stream.alloc_zeros::<T>(grown)?;
+            if keep > 0 {
+                stream.memcpy_dtod(&self.buf.slice(0..keep), &mut larger.slice_mut(0..keep))?;
+            }
+            self.buf = larger;
         }
         Ok(())
     }
@@ -260,6 +284,55 @@ impl MomentsBuffers {
         self.centre.room(stream, 3 * cells)?;
         self.r2.room(stream, cells)?;
         self.out.room(stream, MOMENT_VALUES * cells)
+    }
+}
+
+/// Lists a device walk made, downloaded (`GpuFmm::walked_lists`): each cell's sources are
+/// `sources[start..start + len]` with `(start, len)` the high and low halves of its span.
+pub struct WalkedLists {
+    /// Per cell, where its M2L sources are.
+    pub m2l_spans: Vec<u64>,
+    /// M2L sources.
+    pub m2l_sources: Vec<u32>,
+    /// Per cell, where its P2P sources are.
+    pub p2p_spans: Vec<u64>,
+    /// P2P sources.
+    pub p2p_sources: Vec<u32>,
+}
+
+/// The device buffers of the walk (`GpuFmm::walk`; `super::sort::walk_bytes` and
+/// `WALK_RING_BYTES` count those besides the lists and the handed sources): its M2L and P2P
+/// lists, which the passes then read, and its working arrays.
+struct WalkBuffers {
+    m2l_sources: Reused<u32>,
+    m2l_spans: Reused<u64>,
+    p2p_sources: Reused<u32>,
+    p2p_spans: Reused<u64>,
+    /// Sources deferred by one level and handed to the next, and where each cell's are:
+    /// level l writes side l % 2 and reads the other.
+    deferred: [Reused<u32>; 2],
+    deferred_spans: [Reused<u64>; 2],
+    counts: Reused<u32>,
+    pairs: Reused<u64>,
+    ring: Reused<u32>,
+    problems: Reused<u32>,
+}
+
+impl WalkBuffers {
+    /// Buffers for a tree of `cells` cells, with room for the lists `caps` expects.
+    fn new(stream: &Arc<CudaStream>, cells: usize, caps: &Caps) -> Result<Self, GpuError> {
+        Ok(WalkBuffers {
+            m2l_sources: Reused::new(stream, caps.m2l_pairs)?,
+            m2l_spans: Reused::new(stream, cells)?,
+            p2p_sources: Reused::new(stream, caps.p2p_pairs)?,
+            p2p_spans: Reused::new(stream, cells)?,
+            deferred: [Reused::new(stream, cells)?, Reused::new(stream, cells)?],
+            deferred_spans: [Reused::new(stream, cells)?, Reused::new(stream, cells)?],
+            counts: Reused::new(stream, 3 * (cells + 1))?,
+            pairs: Reused::new(stream, cells)?,
+            ring: Reused::new(stream, WALK_RING_BYTES / 4)?,
+            problems: Reused::new(stream, 1)?,
+        })
     }
 }
 
@@ -452,6 +525,7 @@ impl GpuFmm {
             level_moments: function("moments.cu", "level_moments")?,
             ancestor_r2: function("moments.cu", "ancestor_r2")?,
             finish_moments: function("moments.cu", "finish_moments")?,
+            walk_level: function("walk.cu", "walk_level")?,
         };
         Ok(GpuFmm {
             stream: ctx.default_stream(),
@@ -460,6 +534,7 @@ impl GpuFmm {
             buffers: None,
             sorting: None,
             moments: None,
+            walking: None,
         })
     }
 
@@ -473,9 +548,9 @@ impl GpuFmm {
         softening: Softening,
         g: f64,
     ) -> Result<DeviceForces, GpuError> {
-        if plan.pos.len() != plan.particles() {
+        if plan.pos.len() != plan.particles() || plan.device_lists.is_some() {
             return Err(GpuError::Unsupported(
-                "a plan without positions needs the particles on the device".into(),
+                "a plan without positions or lists needs the particles on the device".into(),
             ));
         }
         let mut secs = DeviceSeconds::default();
@@ -487,7 +562,15 @@ impl GpuFmm {
         b.mass.upload(&stream, plan.mass)?;
         stream.synchronize()?;
         secs.upload = t.elapsed().as_secs_f64();
-        run_passes(&self.kernels, &stream, b, plan, softening, g, &mut secs)?;
+        run_passes(
+            &self.kernels,
+            &stream,
+            b,
+            None,
+            plan,
+            (softening, g),
+            &mut secs,
+        )?;
         let t = Instant::now();
         let n = plan.own_particles;
         let acc = stream.clone_dtoh(&b.acc.buf.slice(0..3 * n))?;
@@ -505,7 +588,8 @@ impl GpuFmm {
     /// copies are not sent) and the accelerations and potentials scattered back into
     /// `state`; the cells and lists go up. With `tree_on_device`, the plan's tree is the
     /// one of the last `sort_resident` and `cell_moments`, whose tree order and leaf of
-    /// each particle are on the device already and are not sent either.
+    /// each particle are on the device already and are not sent either; the lists too when
+    /// the plan says they were walked there (`walk`).
     pub fn evaluate_resident(
         &mut self,
         plan: &DevicePlan,
@@ -555,7 +639,24 @@ impl GpuFmm {
         unsafe { launch.launch(grid(n)) }?;
         stream.synchronize()?;
         secs.upload = t.elapsed().as_secs_f64();
-        run_passes(&self.kernels, &stream, b, plan, softening, g, &mut secs)?;
+        let walked = match (plan.device_lists, &self.walking) {
+            (None, _) => None,
+            (Some(_), Some(w)) => Some(w),
+            (Some(_), None) => {
+                return Err(GpuError::Unsupported(
+                    "a plan with lists on the device before a device walk".into(),
+                ));
+            }
+        };
+        run_passes(
+            &self.kernels,
+            &stream,
+            b,
+            walked,
+            plan,
+            (softening, g),
+            &mut secs,
+        )?;
         let t = Instant::now();
         let mut launch = stream.launch_builder(&self.kernels.scatter);
         launch
@@ -945,6 +1046,168 @@ impl GpuFmm {
         Ok(())
     }
 
+    /// The M2L and P2P lists of every cell of `tree`, walked on the device with `mac`
+    /// (kernels/walk.cu: the host walk's lists, in its order) from the cells and moments
+    /// the last `cell_moments` left there, and kept there for `evaluate_resident`; their
+    /// sizes, or `None` when a target's ring of opened sources overflowed or a list came out
+    /// of order (the host then walks). `caps` sizes the lists' first buffers. Each level
+    /// runs twice, counting then writing at the counts' prefix sums.
+    pub fn walk(
+        &mut self,
+        tree: &Tree,
+        mac: Mac,
+        caps: &Caps,
+    ) -> Result<Option<DeviceLists>, GpuError> {
+        let (cells, levels) = (tree.cells.len(), tree.depth());
+        let stream = self.stream.clone();
+        let k = &self.kernels;
+        let m = self
+            .moments
+            .as_ref()
+            .ok_or_else(|| GpuError::Unsupported("a walk before the cells' moments".into()))?;
+        let w = match &mut self.walking {
+            Some(w) => w,
+            None => self.walking.insert(WalkBuffers::new(&stream, cells, caps)?),
+        };
+        for spans in [&mut w.m2l_spans, &mut w.p2p_spans, &mut w.pairs] {
+            spans.room(&stream, cells)?;
+        }
+        for spans in &mut w.deferred_spans {
+            spans.room(&stream, cells)?;
+        }
+        w.m2l_sources.room(&stream, caps.m2l_pairs)?;
+        w.p2p_sources.room(&stream, caps.p2p_pairs)?;
+        w.problems.zero(&stream, 1)?;
+        let (theta, support) = (mac.theta, mac.support);
+        let (mut m2l_total, mut p2p_total) = (0usize, 0usize);
+        for level in 0..levels {
+            let first = tree.level_start[level];
+            let count = tree.level_start[level + 1] - first;
+            let stride = count + 1;
+            w.counts.room(&stream, 3 * stride)?;
+            w.counts.zero(&stream, 3 * stride)?;
+            let [deferred_0, deferred_1] = &mut w.deferred;
+            let [spans_0, spans_1] = &mut w.deferred_spans;
+            // Level l writes side l % 2 and reads what level l - 1 wrote on the other.
+            let (handed, next, handed_spans, next_spans) = if level % 2 == 0 {
+                (&*deferred_1, deferred_0, &*spans_1, spans_0)
+            } else {
+                (&*deferred_0, deferred_1, &*spans_0, spans_1)
+            };
+            let mut level_totals = (0, 0);
+            for write in [0i32, 1] {
+                if write == 1 {
+                    for list in 0..3 {
+                        let mut part = w.counts.buf.slice_mut(list * stride..(list + 1) * stride);
+                        let len = stride as u32;
+                        let mut launch = stream.launch_builder(&k.radix_offsets);
+                        launch.arg(&mut part).arg(&len);
+                        // SAFETY: radix_offsets scans `len` counts in place (one block).
+                        unsafe {
+                            launch.launch(LaunchConfig {
+                                grid_dim: (1, 1, 1),
+                                block_dim: (OFFSETS_THREADS, 1, 1),
+                                shared_mem_bytes: 0,
+                            })
+                        }?;
+                    }
+                    let total = |list: usize| -> Result<usize, GpuError> {
+                        let at = list * stride + count;
+                        Ok(stream.clone_dtoh(&w.counts.buf.slice(at..at + 1))?[0] as usize)
+                    };
+                    let (m2l, p2p, deferred) = (total(0)?, total(1)?, total(2)?);
+                    if m2l_total + m2l > u32::MAX as usize || p2p_total + p2p > u32::MAX as usize {
+                        return Err(GpuError::Unsupported(
+                            "more list entries than 32-bit offsets reach".into(),
+                        ));
+                    }
+                    w.m2l_sources
+                        .room_keeping(&stream, m2l_total + m2l, m2l_total)?;
+                    w.p2p_sources
+                        .room_keeping(&stream, p2p_total + p2p, p2p_total)?;
+                    next.room(&stream, deferred)?;
+                    level_totals = (m2l, p2p);
+                }
+                for chunk_first in (first..first + count).step_by(WALK_CHUNK) {
+                    let chunk_count = WALK_CHUNK.min(first + count - chunk_first);
+                    let (level_first, chunk_first, chunk_count, stride) = (
+                        first as u32,
+                        chunk_first as u32,
+                        chunk_count as u32,
+                        stride as u32,
+                    );
+                    let (m2l_base, p2p_base) = (m2l_total as u32, p2p_total as u32);
+                    let mut launch = stream.launch_builder(&k.walk_level);
+                    launch
+                        .arg(&level_first)
+                        .arg(&chunk_first)
+                        .arg(&chunk_count)
+                        .arg(&write)
+                        .arg(&m.out.buf)
+                        .arg(&m.begin.buf)
+                        .arg(&m.end.buf)
+                        .arg(&m.first_child.buf)
+                        .arg(&m.child_count.buf)
+                        .arg(&m.parent.buf);
+                    launch
+                        .arg(&handed_spans.buf)
+                        .arg(&handed.buf)
+                        .arg(&theta)
+                        .arg(&support)
+                        .arg(&mut w.ring.buf)
+                        .arg(&stride)
+                        .arg(&mut w.counts.buf)
+                        .arg(&mut w.pairs.buf)
+                        .arg(&m2l_base)
+                        .arg(&p2p_base);
+                    launch
+                        .arg(&mut w.m2l_sources.buf)
+                        .arg(&mut w.m2l_spans.buf)
+                        .arg(&mut w.p2p_sources.buf)
+                        .arg(&mut w.p2p_spans.buf)
+                        .arg(&mut next.buf)
+                        .arg(&mut next_spans.buf)
+                        .arg(&mut w.problems.buf);
+                    // SAFETY: the arguments match walk_level's signature; the ring holds
+                    // WALK_QUEUE entries for each of the launch's threads, the counts 3
+                    // strides, and the lists and deferred sources their totals.
+                    unsafe { launch.launch(grid(chunk_count as usize)) }?;
+                }
+            }
+            m2l_total += level_totals.0;
+            p2p_total += level_totals.1;
+        }
+        let problems = stream.clone_dtoh(&w.problems.buf.slice(0..1))?[0];
+        let pairs = stream.clone_dtoh(&w.pairs.buf.slice(0..cells))?;
+        stream.synchronize()?;
+        if problems > 0 {
+            return Ok(None);
+        }
+        Ok(Some(DeviceLists {
+            m2l: m2l_total,
+            p2p: p2p_total,
+            p2p_interactions: pairs.iter().sum(),
+        }))
+    }
+
+    /// The lists of the last `walk` of a tree of `cells` cells, downloaded (for checks):
+    /// M2L spans and sources, P2P spans and sources, as in `DevicePlan`.
+    pub fn walked_lists(&self, cells: usize, lists: DeviceLists) -> Result<WalkedLists, GpuError> {
+        let w = self
+            .walking
+            .as_ref()
+            .ok_or_else(|| GpuError::Unsupported("no walk on the device yet".into()))?;
+        let stream = &self.stream;
+        let out = WalkedLists {
+            m2l_spans: stream.clone_dtoh(&w.m2l_spans.buf.slice(0..cells))?,
+            m2l_sources: stream.clone_dtoh(&w.m2l_sources.buf.slice(0..lists.m2l))?,
+            p2p_spans: stream.clone_dtoh(&w.p2p_spans.buf.slice(0..cells))?,
+            p2p_sources: stream.clone_dtoh(&w.p2p_sources.buf.slice(0..lists.p2p))?,
+        };
+        stream.synchronize()?;
+        Ok(out)
+    }
+
     /// Copies the positions of `state` into `pos` (the host's tree build needs them).
     pub fn positions(&self, state: &DeviceState, pos: &mut [[f64; 3]]) -> Result<(), GpuError> {
         let flat = self.stream.clone_dtoh(&state.pos.slice(0..3 * state.n))?;
@@ -1034,16 +1297,18 @@ fn parents_by_level(plan: &DevicePlan) -> (Vec<u32>, Vec<(usize, usize)>) {
 }
 
 /// P2M, M2M per level, M2L, L2L per level, L2P and P2P on buffers `upload_plan` filled
-/// (positions and masses in tree order included), their seconds into `secs`.
+/// (positions and masses in tree order included), with the lists of `walked` when given,
+/// for the softening and G of `force`; their seconds into `secs`.
 fn run_passes(
     k: &Kernels,
     stream: &Arc<CudaStream>,
     b: &mut Buffers,
+    walked: Option<&WalkBuffers>,
     plan: &DevicePlan,
-    softening: Softening,
-    g: f64,
+    force: (Softening, f64),
     secs: &mut DeviceSeconds,
 ) -> Result<(), GpuError> {
+    let (softening, g) = force;
     // Forces for the own particles and cells; the received ones are sources only.
     let (n, cells) = (plan.own_particles, plan.own_cells);
     let p = plan.order as i32;
@@ -1052,6 +1317,21 @@ fn run_passes(
     if plan.multipoles.is_none() {
         upward_pass(k, stream, b, plan, secs)?;
     }
+    // The lists: the device walk's, or those uploaded from the plan.
+    let (m2l_spans, m2l_sources, p2p_spans, p2p_sources) = match walked {
+        Some(w) => (
+            &w.m2l_spans.buf,
+            &w.m2l_sources.buf,
+            &w.p2p_spans.buf,
+            &w.p2p_sources.buf,
+        ),
+        None => (
+            &b.m2l_spans.buf,
+            &b.m2l_sources.buf,
+            &b.p2p_spans.buf,
+            &b.p2p_sources.buf,
+        ),
+    };
 
     let t = Instant::now();
     let cells32 = cells as u32;
@@ -1059,8 +1339,8 @@ fn run_passes(
     launch
         .arg(&b.all.buf)
         .arg(&cells32)
-        .arg(&b.m2l_spans.buf)
-        .arg(&b.m2l_sources.buf)
+        .arg(m2l_spans)
+        .arg(m2l_sources)
         .arg(&b.centre.buf);
     launch.arg(&b.multipoles.buf).arg(&p).arg(&mut b.locals.buf);
     // SAFETY: the arguments match m2l_cells's signature and the buffers' sizes; one block
@@ -1125,8 +1405,8 @@ fn run_passes(
         .arg(&b.centre.buf)
         .arg(&b.leaves.buf);
     launch
-        .arg(&b.p2p_spans.buf)
-        .arg(&b.p2p_sources.buf)
+        .arg(p2p_spans)
+        .arg(p2p_sources)
         .arg(&kernel)
         .arg(&eps2)
         .arg(&h)

@@ -73,13 +73,22 @@ impl DeviceLengths {
     /// The sizes for `plan`, each list and the cells at least as large as `caps` say (the
     /// host's tree and walk never exceed them, so buffers of this size serve every
     /// evaluation until the caps grow).
+    /// Lists walked on the device (`DevicePlan::device_lists`) live in the walk's buffers,
+    /// not these.
     pub fn of(plan: &DevicePlan, caps: &Caps) -> Self {
         let cells = plan.centre.len().max(caps.cells);
+        let list = |len: usize, cap: usize| {
+            if plan.device_lists.is_some() {
+                0
+            } else {
+                len.max(cap)
+            }
+        };
         DeviceLengths {
             particles: plan.particles(),
             cells,
-            m2l: plan.m2l_sources.len().max(caps.m2l_pairs),
-            p2p: plan.p2p_sources.len().max(caps.p2p_pairs),
+            m2l: list(plan.m2l_sources.len(), caps.m2l_pairs),
+            p2p: list(plan.p2p_sources.len(), caps.p2p_pairs),
             expansion: (plan.order + 1) * (plan.order + 2),
         }
     }
@@ -138,10 +147,13 @@ impl DeviceLengths {
     }
 
     /// Bytes of device memory per particle of a run: the evaluation's buffers, the
-    /// resident state and the cell moments found on the device.
+    /// resident state, and the cell moments and walk found on the device (its lists counted
+    /// once, here in the evaluation's; the walk's fixed 64 MiB of rings and the sources it
+    /// hands from level to level left out).
     pub fn bytes_per_particle(&self) -> f64 {
         let moments = super::sort::moments_bytes(self.particles, self.cells);
-        (self.bytes() + resident_bytes(self.particles) + moments) as f64
+        let walk = super::sort::walk_bytes(self.cells);
+        (self.bytes() + resident_bytes(self.particles) + moments + walk) as f64
             / self.particles.max(1) as f64
     }
 }
@@ -167,11 +179,13 @@ mod tests {
         // blocks' 7 extremes.
         let sort = 2 * 12 * 10 + 32 * 10 + 4 * 256 + 8 * 7 * 1024;
         assert_eq!(resident_bytes(10), 8 * 126 + 10 + sort);
-        // Moments: a leaf index per particle, 6 u32 and 10 f64 per cell, 32 level slots.
+        // Moments: a leaf index per particle, 6 u32 and 10 f64 per cell, 32 level slots;
+        // the walk: 3 u64 and 3 u32 per cell.
         let moments = 4 * 10 + (6 * 4 + 10 * 8) * 3 + 4 * 32;
+        let walk = (3 * 8 + 3 * 4) * 3;
         assert_eq!(
             l.bytes_per_particle(),
-            (8 * 125 + 4 * 53 + 8 * 6 + 8 * 126 + 10 + sort + moments) as f64 / 10.0
+            (8 * 125 + 4 * 53 + 8 * 6 + 8 * 126 + 10 + sort + moments + walk) as f64 / 10.0
         );
     }
 }

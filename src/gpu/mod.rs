@@ -19,7 +19,7 @@ pub fn kernel_cache() -> Option<std::path::PathBuf> {
 
 /// The kernel sources, embedded: (file name, text). Headers (`.cuh`) are spliced into the
 /// sources that include them before compilation (`expand_includes`).
-pub const SOURCES: [(&str, &str); 7] = [
+pub const SOURCES: [(&str, &str); 8] = [
     ("common.cuh", include_str!("../../kernels/common.cuh")),
     (
         "expansions.cuh",
@@ -30,6 +30,7 @@ pub const SOURCES: [(&str, &str); 7] = [
     ("integrate.cu", include_str!("../../kernels/integrate.cu")),
     ("keys.cu", include_str!("../../kernels/keys.cu")),
     ("moments.cu", include_str!("../../kernels/moments.cu")),
+    ("walk.cu", include_str!("../../kernels/walk.cu")),
 ];
 
 /// The compilation units (`.cu` files) among `SOURCES`.

@@ -2,15 +2,18 @@
 //! (`FmmSolver::plan`), the device runs the passes (`GpuFmm`). Design §7's pipeline: with
 //! the particles resident on the device (`ResidentState`, the global scheme), the device
 //! keys and sorts them into tree order, the sorted keys come back for the host to split
-//! into cells, the cells go over for the device to compute their moments, those come back
-//! for the host's walk, and the lists go over; otherwise (`compute`, and the block scheme's
-//! sub-steps with lists for the active particles' cells only) positions go up and forces
-//! come down.
+//! into cells, the cells go over for the device to compute their moments and walk the tree
+//! (the moments come back; the lists stay there, unless the device's walk gives up on a
+//! step and the host walks); otherwise (`compute`, and the block scheme's sub-steps with
+//! lists for the active particles' cells only) positions go up and forces come down.
 
 use super::device::{DeviceState, GpuError, GpuFmm};
 use crate::fmm::FmmSolver;
 use crate::fmm::caps::Caps;
-use crate::fmm::solver::{DevicePlan, DeviceSeconds, Evaluation, FmmStats, MomentsSource};
+use crate::fmm::solver::{
+    DeviceLists, DevicePlan, DeviceSeconds, DeviceTree, Evaluation, FmmStats,
+};
+use crate::fmm::traversal::Mac;
 use crate::fmm::tree::{MOMENT_VALUES, SortedParticles, Tree};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, ResidentState, check_finite};
 use crate::integrate::diagnostics::CONSERVED_SUMS;
@@ -28,6 +31,8 @@ pub struct GpuSolver {
     sorted: SortedParticles,
     /// False once the host has rejected a device sort: the host sorts from then on.
     sort_on_device: bool,
+    /// True once the warning that the device's walk gave up was said.
+    walk_declined_said: bool,
     /// Said once, at the next `take_warnings`.
     warnings: Vec<String>,
 }
@@ -46,6 +51,7 @@ impl GpuSolver {
             state: None,
             sorted: SortedParticles::default(),
             sort_on_device: true,
+            walk_declined_said: false,
             warnings: Vec::new(),
         }
     }
@@ -67,8 +73,8 @@ impl GpuSolver {
             .plan_with(&particles.pos, &particles.mass, &particles.id, with)
     }
 
-    /// The plan from the device's sort of the resident particles into tree order and its
-    /// moments of the host's cells; `None` when the host rejects that sort (then, with a
+    /// The plan from the device's sort of the resident particles into tree order, its
+    /// moments of the host's cells and its walk; `None` when the host rejects that sort (then, with a
     /// warning, the host sorts from now on: a fault of the device sort costs speed, not the
     /// run).
     fn plan_device_sorted(
@@ -92,14 +98,22 @@ impl GpuSolver {
             ));
         }
         let sorting = t0.elapsed().as_secs_f64();
-        let mut moments = DeviceMoments {
+        let mut walk_declined = false;
+        let mut on_device = OnDevice {
             device: &mut self.device,
             state,
+            walk_declined: &mut walk_declined,
         };
-        match self
+        let planned = self
             .host
-            .plan_sorted(&mut self.sorted, &particles.id, Some(&mut moments))
-        {
+            .plan_sorted(&mut self.sorted, &particles.id, Some(&mut on_device));
+        if walk_declined && !self.walk_declined_said {
+            self.walk_declined_said = true;
+            self.warnings.push(
+                "the device's walk gave up on a step (a target with too many opened sources, or a list out of order); the host walked it, and will whenever that happens again".into(),
+            );
+        }
+        match planned {
             Ok(mut stats) => {
                 stats.seconds.tree += sorting;
                 Ok(Some(stats))
@@ -280,13 +294,16 @@ impl ResidentState for GpuSolver {
     }
 }
 
-/// The cells' moments from the particles the device sorted (`GpuFmm::cell_moments`).
-struct DeviceMoments<'a> {
+/// The tree where the device sorted the particles: its cells' moments
+/// (`GpuFmm::cell_moments`) and lists (`GpuFmm::walk`) found there.
+struct OnDevice<'a> {
     device: &'a mut GpuFmm,
     state: &'a DeviceState,
+    /// Set when the device's walk gave up on a step (the host walked).
+    walk_declined: &'a mut bool,
 }
 
-impl MomentsSource for DeviceMoments<'_> {
+impl DeviceTree for OnDevice<'_> {
     fn cell_moments(
         &mut self,
         tree: &Tree,
@@ -296,6 +313,17 @@ impl MomentsSource for DeviceMoments<'_> {
         self.device
             .cell_moments(self.state, tree, reordered, out)
             .map_err(device_error)
+    }
+
+    fn walk(
+        &mut self,
+        tree: &Tree,
+        mac: Mac,
+        caps: &Caps,
+    ) -> Result<Option<DeviceLists>, GravityError> {
+        let lists = self.device.walk(tree, mac, caps).map_err(device_error)?;
+        *self.walk_declined |= lists.is_none();
+        Ok(lists)
     }
 }
 

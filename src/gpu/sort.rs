@@ -23,6 +23,12 @@ pub const OFFSETS_THREADS: u32 = 1024;
 /// Threads of an `ancestor_r2` block (`ANCESTOR_THREADS` in moments.cu): consecutive
 /// particles going up their ancestors together.
 pub const ANCESTOR_THREADS: u32 = 256;
+/// Targets of one `walk_level` launch: each thread of a launch has a ring of `WALK_QUEUE`
+/// opened sources (walk.cu), so this bounds the rings' memory.
+pub const WALK_CHUNK: usize = 16_384;
+/// Entries of a target's ring of opened sources (`WALK_QUEUE` in walk.cu).
+pub const WALK_QUEUE: usize = 1024;
+
 /// Slots for the levels' first cells (levels + 1 values): more than a tree of 21-bit keys
 /// can have (22 levels).
 pub const LEVEL_SLOTS: usize = 32;
@@ -33,6 +39,7 @@ const _: () = assert!(1 << RADIX_BITS == RADIX_THREADS);
 const _: () = assert!(BOUNDS_THREADS.is_power_of_two() && OFFSETS_THREADS.is_power_of_two());
 const _: () = assert!(OFFSETS_THREADS <= 1024);
 const _: () = assert!(ANCESTOR_THREADS.is_power_of_two());
+const _: () = assert!(WALK_QUEUE.is_power_of_two());
 
 /// Blocks of a radix-sort pass over `n` records.
 pub fn sort_blocks(n: usize) -> usize {
@@ -76,12 +83,24 @@ pub fn moments_bytes(particles: usize, cells: usize) -> usize {
     4 * particles + (6 * 4 + (1 + 3 + 1 + 5) * 8) * cells + 4 * LEVEL_SLOTS
 }
 
+/// Bytes of device memory the rings of one `walk_level` launch take (64 MiB, whatever the
+/// number of particles).
+pub const WALK_RING_BYTES: usize = 4 * WALK_CHUNK * WALK_QUEUE;
+
+/// Bytes of device memory the walk (`GpuFmm::walk`) keeps per tree of `cells` cells besides
+/// its lists (which replace the evaluation's), the sources handed from level to level and
+/// the rings (`WALK_RING_BYTES`): per cell its P2P pairs, two spans of deferred sources and
+/// three counts.
+pub fn walk_bytes(cells: usize) -> usize {
+    (8 + 2 * 8 + 3 * 4) * cells
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// The value of `#define NAME value` in the embedded kernel file `file`.
-    fn define(file: &str, name: &str) -> u64 {
+    fn define<T: std::str::FromStr>(file: &str, name: &str) -> T {
         let (_, text) = crate::gpu::SOURCES
             .iter()
             .find(|(f, _)| *f == file)
@@ -94,19 +113,27 @@ mod tests {
 
     #[test]
     fn launch_shapes_match_the_kernels_constants() {
-        assert_eq!(u64::from(RADIX_THREADS), define("keys.cu", "RADIX_THREADS"));
+        assert_eq!(
+            u64::from(RADIX_THREADS),
+            define::<u64>("keys.cu", "RADIX_THREADS")
+        );
         assert_eq!(
             RADIX_TILE as u64,
-            define("keys.cu", "RADIX_THREADS") * define("keys.cu", "RADIX_ITEMS")
+            define::<u64>("keys.cu", "RADIX_THREADS") * define::<u64>("keys.cu", "RADIX_ITEMS")
         );
-        assert!(u64::from(BOUNDS_THREADS) <= define("keys.cu", "BOUNDS_MAX_THREADS"));
+        assert!(u64::from(BOUNDS_THREADS) <= define::<u64>("keys.cu", "BOUNDS_MAX_THREADS"));
         assert_eq!(
             u64::from(crate::gpu::memory::M2L_THREADS),
-            define("expansions.cu", "M2L_THREADS")
+            define::<u64>("expansions.cu", "M2L_THREADS")
         );
         assert_eq!(
             u64::from(ANCESTOR_THREADS),
-            define("moments.cu", "ANCESTOR_THREADS")
+            define::<u64>("moments.cu", "ANCESTOR_THREADS")
+        );
+        assert_eq!(WALK_QUEUE as u64, define::<u64>("walk.cu", "WALK_QUEUE"));
+        assert_eq!(
+            crate::fmm::traversal::MAC_BAND,
+            define::<f64>("walk.cu", "WALK_MAC_BAND")
         );
     }
 }
