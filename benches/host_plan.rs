@@ -5,13 +5,17 @@
 //! resident run's path; the sort itself done here beforehand and not timed): what is left
 //! to the host once the device sorts. Then with the cells' moments from the device too
 //! (`plan_sorted` without positions and a `DeviceTree`; the moments computed here
-//! beforehand and not timed): what is left once the device also computes them.
+//! beforehand and not timed): what is left once the device also computes them. Last, with
+//! the walk on the device as well (its list sizes handed over, found here beforehand): what
+//! a resident run's host does each step.
 //!
 //! `cargo bench --bench host_plan` (N = 1e7, ~2.5 GB; `HOST_PLAN_N=1000000` for less);
 //! figures go to docs/benchmarks.md (GPU backend).
 
 use leapfmm::bench::Workload;
-use leapfmm::fmm::solver::{DeviceTree, Evaluation, FmmStats};
+use leapfmm::fmm::caps::Caps;
+use leapfmm::fmm::solver::{DeviceLists, DeviceTree, Evaluation, FmmStats};
+use leapfmm::fmm::traversal::Mac;
 use leapfmm::fmm::tree::{MOMENT_VALUES, SortedParticles, Tree};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::GravityError;
@@ -59,17 +63,40 @@ fn main() {
             .expect("sorted particles");
         report(&mut solver, k, start, stats);
     }
-    println!("with the moments from the device too (plan_sorted without positions):");
+    for walk in [false, true] {
+        println!(
+            "with the moments{} from the device too (plan_sorted without positions):",
+            if walk { " and the walk" } else { "" }
+        );
+        device_plans(&p, &settings, walk);
+    }
+}
+
+/// `PLANS` plans from the particles sorted as on a device, with the cells' moments and, with
+/// `walk`, the lists' sizes from a device (found beforehand, not timed).
+fn device_plans(p: &Particles, settings: &FmmSettings, walk: bool) {
     let mut solver = FmmSolver::new(settings.clone(), None);
+    let mut host = FmmSolver::new(settings.clone(), None);
+    let mut sorted = SortedParticles::default();
     for k in 1..=PLANS {
-        sort_as_a_device(&p, &mut sorted);
+        sort_as_a_device(p, &mut sorted);
         let mut tree = Tree::default();
         tree.adopt_sorted(&mut sorted.clone(), &p.id)
             .expect("sorted particles");
         tree.build_cells(settings.leaf_size, usize::MAX)
             .expect("no cap");
         tree.compute_moments();
-        let mut device = Precomputed(tree.moments());
+        let lists = walk.then(|| {
+            host.plan_with(&p.pos, &p.mass, &p.id, Evaluation::default())
+                .expect("finite particles");
+            let plan = host.device_plan().expect("one softening length");
+            DeviceLists {
+                m2l: plan.m2l_sources.len(),
+                p2p: plan.p2p_sources.len(),
+                p2p_interactions: plan.p2p_interactions(),
+            }
+        });
+        let mut device = Precomputed(tree.moments(), lists);
         sorted.pos.clear();
         sorted.mass.clear();
         let start = Instant::now();
@@ -80,8 +107,9 @@ fn main() {
     }
 }
 
-/// The cells' moments as a device hands them over, computed beforehand.
-struct Precomputed(Vec<[f64; MOMENT_VALUES]>);
+/// The cells' moments and (when walked there) the lists' sizes as a device hands them
+/// over, found beforehand.
+struct Precomputed(Vec<[f64; MOMENT_VALUES]>, Option<DeviceLists>);
 
 impl DeviceTree for Precomputed {
     fn cell_moments(
@@ -92,6 +120,15 @@ impl DeviceTree for Precomputed {
     ) -> Result<(), GravityError> {
         out.clone_from(&self.0);
         Ok(())
+    }
+
+    fn walk(
+        &mut self,
+        _tree: &Tree,
+        _mac: Mac,
+        _caps: &Caps,
+    ) -> Result<Option<DeviceLists>, GravityError> {
+        Ok(self.1)
     }
 }
 
@@ -123,6 +160,11 @@ fn report(solver: &mut FmmSolver, k: usize, start: Instant, stats: FmmStats) {
     let plan = solver.device_plan().expect("one softening length");
     let assembly = start.elapsed().as_secs_f64();
     let s = stats.seconds;
+    let (m2l, p2p) = plan
+        .device_lists
+        .map_or((plan.m2l_sources.len(), plan.p2p_sources.len()), |l| {
+            (l.m2l, l.p2p)
+        });
     println!(
         "plan {k}: {:.3} s = tree {:.3} + moments {:.3} + traversal {:.3} + assembly {assembly:.3} (+ {:.3} other); {} cells, {} M2L and {} P2P entries",
         lists + assembly,
@@ -131,7 +173,7 @@ fn report(solver: &mut FmmSolver, k: usize, start: Instant, stats: FmmStats) {
         s.traversal,
         lists - s.tree - s.upward - s.traversal,
         plan.centre.len(),
-        plan.m2l_sources.len(),
-        plan.p2p_sources.len()
+        m2l,
+        p2p
     );
 }

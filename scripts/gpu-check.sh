@@ -6,11 +6,11 @@
 # the GPU-vs-CPU difference of the FMM passes on the Milky Way model and the GPU timings.
 #   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; OUT=/tmp/gpu-check)
 # The host still builds the tree and the lists (CPU); the GPU line times the device passes,
-# the "GPU tree order" lines the device's keys and sort and the "GPU cell moments" lines its
-# masses, centres and radii of the cells (what a run does each step), checked against the
-# host's tree and moments (the command fails if they differ).
-# Then three steps of a run at N2 with the particles resident on the GPU (the whole
-# evaluation: device sort, host cells, device moments, host walk, device passes). Last, a run of ~100 adaptive steps on the Milky Way model with backend = cuda (particles
+# the "GPU tree order" lines the device's keys and sort, the "GPU cell moments" lines its
+# masses, centres and radii of the cells and the "GPU walk" lines its lists (what a run does
+# each step), checked against the host's tree, moments and lists (the command fails if they
+# differ). Then three steps of a run at N2 with the particles resident on the GPU (the whole
+# evaluation: device sort, host cells, device moments and walk, device passes). Last, a run of ~100 adaptive steps on the Milky Way model with backend = cuda (particles
 # resident on the device: kick, drift, time step criterion, diagnostics sums and force
 # passes there) and the same run on the CPU: compare the conservation columns of their
 # diagnostics.csv.
