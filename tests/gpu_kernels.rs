@@ -489,14 +489,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     assert_eq!(pa.mass, pb.mass);
     assert_eq!(pa.centre, pb.centre);
     assert_eq!((&pa.begin, &pa.end), (&pb.begin, &pb.end));
-    assert_eq!(
-        (pa.m2l_spans, pa.m2l_sources),
-        (pb.m2l_spans, pb.m2l_sources)
-    );
-    assert_eq!(
-        (pa.p2p_spans, pa.p2p_sources),
-        (pb.p2p_spans, pb.p2p_sources)
-    );
+    assert_same_lists(&pa, &pb);
     // A sort that is not one (an index twice) is refused with its own error, and the same
     // solver then plans from the positions as before (the GPU solver's fallback).
     let mut broken = device_sorted();
@@ -532,18 +525,11 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
         .unwrap();
     assert_eq!(device.reordered, [true], "one call, told of the reordering");
     let (pa, pb) = (a.device_plan().unwrap(), b.device_plan().unwrap());
-    assert!(pa.pos.is_empty() && pa.mass.is_empty());
+    assert!(pa.pos.is_empty() && pa.mass.is_empty() && pa.leaf_of.is_empty());
     assert_eq!(pa.particles(), n);
     assert_eq!(pa.order_of, pb.order_of);
     assert_eq!(pa.centre, pb.centre);
-    assert_eq!(
-        (pa.m2l_spans, pa.m2l_sources),
-        (pb.m2l_spans, pb.m2l_sources)
-    );
-    assert_eq!(
-        (pa.p2p_spans, pa.p2p_sources),
-        (pb.p2p_spans, pb.p2p_sources)
-    );
+    assert_same_lists(&pa, &pb);
     assert_eq!(stats.caps, b.caps().unwrap());
     // And with the walk on the device too: no lists in the plan, the device's are the
     // host's, and so are the sizes the caps learn from and the pair count.
@@ -658,16 +644,7 @@ fn emulated_moments(
     );
     f64_bytes(&mut b, pos.iter().flatten().copied());
     f64_bytes(&mut b, mass.iter().copied());
-    let column = |f: fn(&leapfmm::fmm::tree::Cell) -> u32| -> Vec<u32> {
-        tree.cells.iter().map(f).collect()
-    };
-    u32_bytes(&mut b, &column(|c| c.begin));
-    u32_bytes(&mut b, &column(|c| c.end));
-    u32_bytes(&mut b, &column(|c| c.first_child));
-    u32_bytes(&mut b, &column(|c| u32::from(c.child_count)));
-    u32_bytes(&mut b, &column(|c| c.parent));
-    let level_start: Vec<u32> = tree.level_start.iter().map(|&l| l as u32).collect();
-    u32_bytes(&mut b, &level_start);
+    tree_bytes(&mut b, tree);
     u32_bytes(&mut b, &tree.leaves);
     let out = run_harness("moments", &b);
     let leaf_of = out[..4 * n]
@@ -690,16 +667,8 @@ fn device_moments_are_the_hosts_to_the_bit() {
     use leapfmm::fmm::tree::Tree;
     let n = 6000usize;
     let mut rng = rand_pcg::Pcg64::seed_from_u64(7);
-    let mut pos: Vec<[f64; 3]> = (0..n)
-        .map(|_| {
-            let r: f64 = rng.random_range(0.0f64..1.0).powi(4) * 10.0;
-            [
-                r * rng.random_range(-1.0..1.0) + 0.3,
-                r * rng.random_range(-1.0..1.0),
-                0.1 * r * rng.random_range(-1.0..1.0),
-            ]
-        })
-        .collect();
+    let mut pos = clump(&mut rng, n, 4, 10.0, 0.1);
+    pos.iter_mut().for_each(|x| x[0] += 0.3);
     for i in 0..6 {
         pos[500 + i] = [0.7, 0.7, 0.01];
     }
@@ -744,17 +713,8 @@ fn device_walk_gives_the_hosts_lists() {
     use leapfmm::fmm::tree::Tree;
     let n = 5000usize;
     let mut rng = rand_pcg::Pcg64::seed_from_u64(13);
-    let pos: Vec<[f64; 3]> = (0..n)
-        .map(|i| {
-            let r: f64 = rng.random_range(0.0f64..1.0).powi(3) * 8.0;
-            let c = if i % 3 == 0 { 6.0 } else { 0.0 };
-            [
-                c + r * rng.random_range(-1.0..1.0),
-                r * rng.random_range(-1.0..1.0),
-                0.2 * r * rng.random_range(-1.0..1.0),
-            ]
-        })
-        .collect();
+    let mut pos = clump(&mut rng, n, 3, 8.0, 0.2);
+    pos.iter_mut().step_by(3).for_each(|x| x[0] += 6.0);
     let mass: Vec<f64> = (0..n).map(|_| rng.random_range(0.5..1.5)).collect();
     let id: Vec<u64> = (0..n as u64).collect();
     let mut tree = Tree::default();
@@ -845,16 +805,7 @@ fn emulated_walk(
     u32_bytes(&mut b, &[cells as u32, levels as u32, chunk, 32]);
     f64_bytes(&mut b, [mac.theta, mac.support]);
     f64_bytes(&mut b, tree.moments().into_iter().flatten());
-    let column = |f: fn(&leapfmm::fmm::tree::Cell) -> u32| -> Vec<u32> {
-        tree.cells.iter().map(f).collect()
-    };
-    u32_bytes(&mut b, &column(|c| c.begin));
-    u32_bytes(&mut b, &column(|c| c.end));
-    u32_bytes(&mut b, &column(|c| c.first_child));
-    u32_bytes(&mut b, &column(|c| u32::from(c.child_count)));
-    u32_bytes(&mut b, &column(|c| c.parent));
-    let level_start: Vec<u32> = tree.level_start.iter().map(|&l| l as u32).collect();
-    u32_bytes(&mut b, &level_start);
+    tree_bytes(&mut b, tree);
     let out = run_harness("walk", &b);
     let word = |i: usize| u32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap());
     let (problems, m2l_total, p2p_total) = (word(0), word(1) as usize, word(2) as usize);
@@ -875,6 +826,43 @@ fn emulated_walk(
         m2l_sources: (0..m2l_total).map(u32_at).collect(),
         p2p_sources: (m2l_total..m2l_total + p2p_total).map(u32_at).collect(),
     }
+}
+
+/// `n` positions in a flattened clump around the origin, dense at its centre: each at a
+/// radius `size` u^`power` (u uniform), each coordinate a uniform share of it, z squeezed by
+/// `flat`.
+fn clump(rng: &mut rand_pcg::Pcg64, n: usize, power: i32, size: f64, flat: f64) -> Vec<[f64; 3]> {
+    (0..n)
+        .map(|_| {
+            let r: f64 = rng.random_range(0.0f64..1.0).powi(power) * size;
+            [
+                r * rng.random_range(-1.0..1.0),
+                r * rng.random_range(-1.0..1.0),
+                flat * r * rng.random_range(-1.0..1.0),
+            ]
+        })
+        .collect()
+}
+
+/// The cells of `tree` as the harness reads them: begin, end, first child, child count and
+/// parent of every cell, then the levels' first cells.
+fn tree_bytes(b: &mut Vec<u8>, tree: &leapfmm::fmm::tree::Tree) {
+    let column = |f: fn(&leapfmm::fmm::tree::Cell) -> u32| -> Vec<u32> {
+        tree.cells.iter().map(f).collect()
+    };
+    u32_bytes(b, &column(|c| c.begin));
+    u32_bytes(b, &column(|c| c.end));
+    u32_bytes(b, &column(|c| c.first_child));
+    u32_bytes(b, &column(|c| u32::from(c.child_count)));
+    u32_bytes(b, &column(|c| c.parent));
+    let level_start: Vec<u32> = tree.level_start.iter().map(|&l| l as u32).collect();
+    u32_bytes(b, &level_start);
+}
+
+/// The two plans have the same M2L and P2P lists, laid out alike.
+fn assert_same_lists(a: &leapfmm::fmm::solver::DevicePlan, b: &leapfmm::fmm::solver::DevicePlan) {
+    assert_eq!((a.m2l_spans, a.m2l_sources), (b.m2l_spans, b.m2l_sources));
+    assert_eq!((a.p2p_spans, a.p2p_sources), (b.p2p_spans, b.p2p_sources));
 }
 
 fn u32_bytes(b: &mut Vec<u8>, v: &[u32]) {

@@ -1010,7 +1010,8 @@ pub struct DevicePlan<'a> {
     pub level_start: Vec<u32>,
     /// Own leaf cells, in particle order.
     pub leaves: &'a [u32],
-    /// The leaf of each own particle (tree order).
+    /// The leaf of each own particle (tree order); empty with `pos` (the device that holds
+    /// the particles finds their leaves).
     pub leaf_of: Vec<u32>,
     /// M2L sources of own cell c: `m2l_sources[start..start + len]` with
     /// `(start, len) = unpack(m2l_spans[c])` (the high and low 32 bits). The walk writes each
@@ -1086,10 +1087,12 @@ impl FmmSolver {
         let remote = tree.cells.len() > cells;
         let all = &tree.cells;
         // Leaves are in particle order and cover the own particles: each fills its range.
-        let mut leaf_of = vec![0u32; tree.own_particles];
+        // Particles held on a device (no positions here) have their leaves found there.
+        let held_here = tree.pos.len() >= tree.own_particles;
+        let mut leaf_of = vec![0u32; if held_here { tree.own_particles } else { 0 }];
         let mut rest = leaf_of.as_mut_slice();
         let mut ranges = Vec::with_capacity(tree.leaves.len());
-        for &leaf in &tree.leaves {
+        for &leaf in tree.leaves.iter().filter(|_| held_here) {
             let c = &all[leaf as usize];
             debug_assert_eq!(c.begin as usize, tree.own_particles - rest.len());
             let (range, tail) = rest.split_at_mut((c.end - c.begin) as usize);

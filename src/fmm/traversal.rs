@@ -384,17 +384,22 @@ mod tests {
     use super::*;
     use crate::fmm::caps::CappedBuffer;
 
-    /// Builds a tree over `n` particles of a flattened random cloud, walks it with only the
-    /// particles flagged by `active` receiving, and counts, for every directed particle pair,
-    /// how many list entries cover it.
-    fn cover(n: usize, active: impl Fn(usize) -> bool) -> (Vec<u8>, usize) {
-        let mut s = 9u64;
-        let mut rnd = move || {
+    /// Uniform numbers in [0, 1) from a linear congruential generator seeded with `seed`.
+    fn uniform(seed: u64) -> impl FnMut() -> f64 {
+        let mut s = seed;
+        move || {
             s = s
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             (s >> 11) as f64 / (1u64 << 53) as f64
-        };
+        }
+    }
+
+    /// Builds a tree over `n` particles of a flattened random cloud, walks it with only the
+    /// particles flagged by `active` receiving, and counts, for every directed particle pair,
+    /// how many list entries cover it.
+    fn cover(n: usize, active: impl Fn(usize) -> bool) -> (Vec<u8>, usize) {
+        let mut rnd = uniform(9);
         let pos: Vec<[f64; 3]> = (0..n).map(|_| [rnd(), rnd(), rnd() * 0.1]).collect();
         let mass = vec![1.0; n];
         let id: Vec<u64> = (0..n as u64).collect();
@@ -443,13 +448,7 @@ mod tests {
         // Pairs at random and pairs placed at the thresholds (each within a few ulps of
         // where the exact test changes its answer), for several opening angles and
         // supports, zero radii and zero distances included.
-        let mut s = 5u64;
-        let mut rnd = move || {
-            s = s
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (s >> 11) as f64 / (1u64 << 53) as f64
-        };
+        let mut rnd = uniform(5);
         let cell = |centre: [f64; 3], r_max: f64| Cell {
             centre,
             r_max,

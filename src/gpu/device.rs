@@ -621,6 +621,11 @@ impl GpuFmm {
                     "no tree on the device: sort_resident and cell_moments first".into(),
                 ));
             }
+            (false, ..) if plan.leaf_of.len() != n => {
+                return Err(GpuError::Unsupported(
+                    "a plan without the particles' leaves and no tree on the device".into(),
+                ));
+            }
             (false, ..) => {
                 b.order_of.upload(&stream, plan.order_of)?;
                 b.leaf_of.upload(&stream, &plan.leaf_of)?;
