@@ -1,5 +1,6 @@
 //! The FMM passes and the integrator on a CUDA device (design §7): the host builds the tree
-//! and the lists (`FmmSolver::device_plan`), one upload brings them over into device buffers
+//! and the lists (`FmmSolver::device_plan`; for resident particles the device finds the
+//! order, the moments and the lists itself, below), one upload brings them over into device buffers
 //! kept from one evaluation to the next (sized by the caps, `memory::DeviceLengths`, and
 //! grown when a plan needs more), and the kernels of kernels/ run P2M, M2M per level, M2L,
 //! L2L per level, L2P and P2P. Either the plan's positions go up and the forces come down

@@ -1,5 +1,6 @@
-//! The GPU force solver of a run: the host builds the tree and the lists each step
-//! (`FmmSolver::plan`), the device runs the passes (`GpuFmm`). Design §7's pipeline: with
+//! The GPU force solver of a run: the host builds the tree (and, unless the particles
+//! are resident, the lists) each step (`FmmSolver::plan`), the device runs the passes
+//! (`GpuFmm`). Design §7's pipeline: with
 //! the particles resident on the device (`ResidentState`, the global scheme), the device
 //! keys and sorts them into tree order, the sorted keys come back for the host to split
 //! into cells, the cells go over for the device to compute their moments and walk the tree
