@@ -1,18 +1,18 @@
 //! The FMM passes and the integrator on a CUDA device (design §7): the host builds the tree
 //! and the lists (`FmmSolver::device_plan`; for resident particles the device finds the
-//! order, the moments and the lists itself, below), one upload brings them over into device buffers
-//! kept from one evaluation to the next (sized by the caps, `memory::DeviceLengths`, and
-//! grown when a plan needs more), and the kernels of kernels/ run P2M, M2M per level, M2L,
-//! L2L per level, L2P and P2P. Either the plan's positions go up and the forces come down
-//! (`evaluate`), or the particles live on the device for the whole run (`DeviceState`):
-//! they are keyed and sorted into tree order there (`sort_resident`: the host gets the
-//! sorted keys and order and splits the cells), the cells' moments are computed there
-//! (`cell_moments`: the host gets each cell's mass, centre and radius), the tree is walked
-//! there (`walk`: the lists stay for the passes), the particles are gathered into tree
-//! order and the forces scattered back
-//! (`evaluate_resident`), and the kick and drift run there. The same kernels run under the
-//! CPU emulation in tests/gpu_kernels.rs, where they match the CPU backend. Not yet verified on a GPU: no device was lent while it was written
-//! (scripts/gpu-check.sh is the check).
+//! order, the moments and the lists itself, below), one upload brings them over into device
+//! buffers kept from one evaluation to the next (sized by the caps, `memory::DeviceLengths`,
+//! and grown when a plan needs more), and the kernels of kernels/ run P2M, M2M per level,
+//! M2L, L2L per level, L2P and P2P. Either the plan's positions go up and the forces come
+//! down (`evaluate`), or the particles live on the device for the whole run
+//! (`DeviceState`): they are keyed and sorted into tree order there (`sort_resident`: the
+//! host gets the sorted keys and order and splits the cells), the cells' moments are
+//! computed there (`cell_moments`: the host gets each cell's mass, centre and radius), the
+//! tree is walked there (`walk`: the lists stay for the passes), the particles are gathered
+//! into tree order and the forces scattered back (`evaluate_resident`), and the kick and
+//! drift run there. The same kernels run under the CPU emulation in tests/gpu_kernels.rs,
+//! where they match the CPU backend. Not yet verified on a GPU: no device was lent while it
+//! was written (scripts/gpu-check.sh is the check).
 
 use super::memory::{DeviceLengths, M2L_THREADS, THREADS_PER_BLOCK, resident_f64_counts};
 use super::nvrtc::{KernelError, compile_all};

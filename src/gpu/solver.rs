@@ -75,9 +75,9 @@ impl GpuSolver {
     }
 
     /// The plan from the device's sort of the resident particles into tree order, its
-    /// moments of the host's cells and its walk; `None` when the host rejects that sort (then, with a
-    /// warning, the host sorts from now on: a fault of the device sort costs speed, not the
-    /// run).
+    /// moments of the host's cells and its walk; `None` when the host rejects that sort
+    /// (then, with a warning, the host sorts from now on: a fault of the device sort costs
+    /// speed, not the run).
     fn plan_device_sorted(
         &mut self,
         particles: &mut Particles,
