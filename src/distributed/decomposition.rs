@@ -12,7 +12,7 @@ use rayon::prelude::*;
 /// Domain boundaries are boundaries of octree cells at this level (side = box / 2^12).
 pub const ALIGN_LEVEL: u32 = 12;
 
-/// The key ranges of the ranks: rank r owns keys in [splitters[r], splitters[r + 1]).
+/// The key ranges of the ranks: rank r owns keys in `[splitters[r], splitters[r + 1])`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Domains {
     /// The global cube the keys refer to.

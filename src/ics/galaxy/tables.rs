@@ -22,7 +22,7 @@ impl LogGrid {
         }
     }
 
-    /// Index `i` and weight `t` with r between r[i] and r[i+1] (linear in ln r), clamped
+    /// Index `i` and weight `t` with r between `r[i]` and `r[i+1]` (linear in ln r), clamped
     /// to the grid.
     pub fn locate(&self, r: f64) -> (usize, f64) {
         let x =
@@ -43,7 +43,7 @@ impl LogGrid {
     }
 }
 
-/// ∫ y dx from x[0] to each x[i] by the trapezoid rule.
+/// ∫ y dx from `x[0]` to each `x[i]` by the trapezoid rule.
 pub fn cumulative_trapezoid(x: &[f64], y: &[f64]) -> Vec<f64> {
     let mut out = vec![0.0; x.len()];
     for i in 1..x.len() {
