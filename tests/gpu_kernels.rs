@@ -512,7 +512,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
         a.plan_sorted(&mut keys_only.clone(), &id, None),
         Err(leapfmm::gravity::GravityError::NotSorted(_))
     ));
-    let mut device = EmulatedMoments {
+    let mut device = EmulatedDevice {
         pos: &pos,
         mass: &mass,
         sorter_order: index.clone(),
@@ -567,9 +567,10 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     assert_eq!(bounds_of(5, &bad), None);
 }
 
-/// The cells' moments as a device computes them: kernels/moments.cu under the emulation,
-/// from the particles in the sorter's order, or in the tree's when told it was reordered.
-struct EmulatedMoments<'a> {
+/// A device that holds the particles, under the emulation: the cells' moments from
+/// kernels/moments.cu, from the particles in the sorter's order (or the tree's when told it
+/// was reordered), and when asked the lists from kernels/walk.cu.
+struct EmulatedDevice<'a> {
     pos: &'a [[f64; 3]],
     mass: &'a [f64],
     sorter_order: Vec<u32>,
@@ -580,7 +581,7 @@ struct EmulatedMoments<'a> {
     walked: Option<EmulatedWalk>,
 }
 
-impl leapfmm::fmm::solver::DeviceTree for EmulatedMoments<'_> {
+impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
     fn cell_moments(
         &mut self,
         tree: &leapfmm::fmm::tree::Tree,

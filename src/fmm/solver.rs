@@ -270,10 +270,10 @@ enum TreeInput<'a> {
         mass: &'a [f64],
     },
     /// Keyed and sorted already (on a device); the tree takes the buffers, and the
-    /// moments come from `moments` when given.
+    /// moments (and the lists, if it walks) come from `device` when given.
     Sorted {
         sorted: &'a mut SortedParticles,
-        moments: Option<&'a mut dyn DeviceTree>,
+        device: Option<&'a mut dyn DeviceTree>,
     },
 }
 
@@ -505,24 +505,24 @@ impl FmmSolver {
 
     /// `plan` for the particles of one rank that a device has keyed and sorted already
     /// (`sorted`, which gets this solver's previous buffers back to fill next time): the
-    /// host only splits the cells and walks, with the cells' moments from `moments` when
-    /// given (needed when `sorted` holds no positions). The same tree, lists and plan as
-    /// `plan` on the same particles.
+    /// host only splits the cells and walks, or, given the `device` that holds the
+    /// particles (needed when `sorted` has no positions), takes the cells' moments from it
+    /// and lets it walk. The same tree, lists and plan as `plan` on the same particles.
     pub fn plan_sorted(
         &mut self,
         sorted: &mut SortedParticles,
         id: &[u64],
-        moments: Option<&mut dyn DeviceTree>,
+        device: Option<&mut dyn DeviceTree>,
     ) -> Result<FmmStats, GravityError> {
         let mut stats = FmmStats::default();
-        if sorted.pos.is_empty() && !sorted.keys.is_empty() && moments.is_none() {
+        if sorted.pos.is_empty() && !sorted.keys.is_empty() && device.is_none() {
             return Err(GravityError::NotSorted(NotSorted(
                 "no positions and nothing to compute the moments from",
             )));
         }
-        // A shorter borrow of the source, as long as the one of `sorted`.
-        let moments = moments.map(|m| m as &mut dyn DeviceTree);
-        let input = TreeInput::Sorted { sorted, moments };
+        // A shorter borrow of the device, as long as the one of `sorted`.
+        let device = device.map(|d| d as &mut dyn DeviceTree);
+        let input = TreeInput::Sorted { sorted, device };
         self.build_lists(input, id, Evaluation::default(), false, &mut stats)?;
         self.tracker.settle(&stats.used);
         self.record_presets(id.len());
@@ -562,9 +562,9 @@ impl FmmSolver {
         let t0 = Instant::now();
         let (unsorted, mut device_tree, reordered) = match input {
             TreeInput::Unsorted { pos, mass } => (Some((pos, mass)), None, false),
-            TreeInput::Sorted { sorted, moments } => {
+            TreeInput::Sorted { sorted, device } => {
                 let reordered = self.tree.adopt_sorted(sorted, id)?;
-                (None, moments, reordered)
+                (None, device, reordered)
             }
         };
         stats.seconds.tree += t0.elapsed().as_secs_f64();
@@ -598,9 +598,9 @@ impl FmmSolver {
         let t0 = Instant::now();
         if n > 0 {
             match device_tree.as_mut() {
-                Some(source) => {
+                Some(device) => {
                     let mut moments = std::mem::take(&mut self.moments_scratch);
-                    source.cell_moments(&self.tree, reordered, &mut moments)?;
+                    device.cell_moments(&self.tree, reordered, &mut moments)?;
                     let set = self.tree.set_moments(&moments);
                     self.moments_scratch = moments;
                     set.map_err(|e| GravityError::Device(e.to_string()))?;
@@ -1035,12 +1035,12 @@ impl DevicePlan<'_> {
         self.pos.len().max(self.own_particles)
     }
 
-    /// The M2L sources of own cell `c`.
+    /// The M2L sources of own cell `c` (lists in the plan: not `device_lists`).
     pub fn m2l_of(&self, c: usize) -> &[u32] {
         span(self.m2l_spans[c], self.m2l_sources)
     }
 
-    /// The P2P source leaves of own leaf `c` (a cell index).
+    /// The P2P source leaves of own leaf `c` (a cell index; lists in the plan).
     pub fn p2p_of(&self, c: usize) -> &[u32] {
         span(self.p2p_spans[c], self.p2p_sources)
     }
