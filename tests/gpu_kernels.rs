@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 /// The harness, built once for its sources: kept in Cargo's scratch directory for tests
-/// under a name made of the sources' hash, so that the test processes (nextest runs each
-/// test in its own) share one build and a changed kernel gets a new one.
+/// under a name made of the hash of the sources and compiler flags, so that the test
+/// processes (nextest runs each test in its own) share one build and a changed kernel gets
+/// a new one.
 fn harness() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
@@ -26,7 +27,9 @@ fn harness() -> PathBuf {
                 .filter(|p| p.is_file())
                 .collect();
             sources.sort();
+            const FLAGS: [&str; 6] = ["-std=c++20", "-O2", "-pthread", "-Wall", "-Werror", "-I"];
             let mut h = Sha256::new();
+            h.update(FLAGS.join(" "));
             for p in &sources {
                 h.update(p.file_name().unwrap().as_encoded_bytes());
                 h.update(std::fs::read(p).unwrap());
@@ -44,7 +47,7 @@ fn harness() -> PathBuf {
             // may be building the same harness at the same time.
             let building = dir.join(format!("emulation-harness-{hex}.{}", std::process::id()));
             let out = Command::new("c++")
-                .args(["-std=c++20", "-O2", "-pthread", "-Wall", "-Werror", "-I"])
+                .args(FLAGS)
                 .arg(root.join("kernels"))
                 .arg(root.join("kernels/emulation/harness.cpp"))
                 .arg("-o")
@@ -57,6 +60,16 @@ fn harness() -> PathBuf {
                 String::from_utf8_lossy(&out.stderr)
             );
             std::fs::rename(&building, &exe).unwrap();
+            // Builds for sources that are gone are of no more use.
+            for old in std::fs::read_dir(dir).unwrap().flatten() {
+                let name = old.file_name().to_string_lossy().into_owned();
+                if name.starts_with("emulation-harness-")
+                    && !name.contains('.')
+                    && old.path() != exe
+                {
+                    let _ = std::fs::remove_file(old.path());
+                }
+            }
             exe
         })
         .clone()
