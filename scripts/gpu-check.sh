@@ -57,7 +57,7 @@ for n in "$N1" "$N2"; do
     echo "exit status ${PIPESTATUS[0]}"
 done
 
-echo "== N = $N2: 3 fixed steps with the particles resident on the GPU (the device keys and sorts them, the host splits the cells and walks, the device runs the passes): the per-step force time and phases (diagnostics.csv)"
+echo "== N = $N2: 3 fixed steps with the particles resident on the GPU (the device keys and sorts them, the host splits the cells, the device computes their moments, walks and runs the passes): the per-step force time and phases (diagnostics.csv)"
 cat > "$OUT/big.toml" <<EOF
 name = "gpu_big"
 output_dir = "$OUT/runs"
