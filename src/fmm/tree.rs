@@ -206,26 +206,19 @@ impl Tree {
         if n != id.len() {
             return Err(NotSorted("not as many as the particles"));
         }
-        let keys = &sorted.keys;
-        if !(1..n).into_par_iter().all(|i| keys[i - 1] <= keys[i]) {
+        // One pass over keys and order: keys in order, every index below n and each once
+        // (the sums of the indices and of their squares, modulo 2^64, are those of 0..n: a
+        // sort that lost one record and wrote another twice would have to keep both sums),
+        // and where the runs of equal keys start.
+        let scan = SortScan::of(&sorted.keys, &sorted.order);
+        if scan.out_of_order {
             return Err(NotSorted("keys out of order"));
         }
-        // Every index below n and each once: the sums of the indices and of their squares
-        // (modulo 2^64) are those of 0..n (a sort that lost one record and wrote another
-        // twice would have to keep both sums).
-        let (largest, sum, squares) = sorted
-            .order
-            .par_iter()
-            .map(|&i| (i, u64::from(i), u64::from(i) * u64::from(i)))
-            .reduce(
-                || (0, 0, 0),
-                |a, b| (a.0.max(b.0), a.1.wrapping_add(b.1), a.2.wrapping_add(b.2)),
-            );
-        if n > 0 && largest as usize >= n {
+        if n > 0 && scan.largest as usize >= n {
             return Err(NotSorted("an index past the particles"));
         }
         let (m, last) = (n as u128, (n as u128).saturating_sub(1));
-        if (sum, squares)
+        if (scan.sum, scan.squares)
             != (
                 (m * last / 2) as u64,
                 (last * m * (2 * last + 1) / 6) as u64,
@@ -239,11 +232,7 @@ impl Tree {
         std::mem::swap(&mut self.pos, &mut sorted.pos);
         std::mem::swap(&mut self.mass, &mut sorted.mass);
         self.cube = Some(cube);
-        let keys = &self.keys;
-        let run_starts: Vec<usize> = (0..n.saturating_sub(1))
-            .into_par_iter()
-            .filter(|&i| keys[i] == keys[i + 1] && (i == 0 || keys[i - 1] != keys[i]))
-            .collect();
+        let run_starts = scan.run_starts;
         let with_particles = !self.pos.is_empty();
         let mut run = Vec::new();
         let mut reordered = false;
@@ -474,6 +463,56 @@ impl Tree {
                 cell.r_max = f32_at_least(r2.sqrt());
             });
         }
+    }
+}
+
+/// What one pass over sorted keys and their particle indices finds (`Tree::adopt_sorted`).
+#[derive(Default)]
+struct SortScan {
+    /// A key below the one before it.
+    out_of_order: bool,
+    /// The largest index.
+    largest: u32,
+    /// Sum of the indices, and of their squares, modulo 2^64.
+    sum: u64,
+    squares: u64,
+    /// Where each run of two or more equal keys starts, in increasing order.
+    run_starts: Vec<usize>,
+}
+
+impl SortScan {
+    /// Records per task of the pass.
+    const CHUNK: usize = 1 << 16;
+
+    fn of(keys: &[u64], order: &[u32]) -> SortScan {
+        let chunks = keys.len().div_ceil(Self::CHUNK);
+        (0..chunks)
+            .into_par_iter()
+            .map(|c| {
+                let (lo, hi) = (c * Self::CHUNK, ((c + 1) * Self::CHUNK).min(keys.len()));
+                let mut scan = SortScan::default();
+                for &i in &order[lo..hi] {
+                    scan.largest = scan.largest.max(i);
+                    scan.sum = scan.sum.wrapping_add(u64::from(i));
+                    scan.squares = scan.squares.wrapping_add(u64::from(i) * u64::from(i));
+                }
+                for j in lo.max(1)..hi {
+                    let (a, b) = (keys[j - 1], keys[j]);
+                    scan.out_of_order |= a > b;
+                    if a == b && (j == 1 || keys[j - 2] != a) {
+                        scan.run_starts.push(j - 1);
+                    }
+                }
+                scan
+            })
+            .reduce(SortScan::default, |mut a, b| {
+                a.out_of_order |= b.out_of_order;
+                a.largest = a.largest.max(b.largest);
+                a.sum = a.sum.wrapping_add(b.sum);
+                a.squares = a.squares.wrapping_add(b.squares);
+                a.run_starts.extend(b.run_starts);
+                a
+            })
     }
 }
 
