@@ -344,12 +344,18 @@ impl Tree {
         self.level_start.push(self.cells.len());
         self.own_cells = self.cells.len();
         self.own_particles = n;
-        // Leaves in particle order: every leaf's range follows the previous one's.
-        let mut leaves: Vec<u32> = (0..self.cells.len() as u32)
-            .filter(|&c| self.cells[c as usize].is_leaf())
-            .collect();
-        leaves.sort_by_key(|&c| self.cells[c as usize].begin);
-        self.leaves = leaves;
+        // Leaves in particle order (every leaf's range follows the previous one's): depth
+        // first, children in octant order, which is their particles' order.
+        self.leaves.clear();
+        let mut stack = vec![0u32];
+        while let Some(c) = stack.pop() {
+            let cell = &self.cells[c as usize];
+            if cell.is_leaf() {
+                self.leaves.push(c);
+            } else {
+                stack.extend(cell.children().rev());
+            }
+        }
         Ok(())
     }
 
