@@ -16,70 +16,85 @@ use std::process::Command;
 /// a new one.
 fn harness() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    BUILT.get_or_init(|| build_harness("plain", &[])).clone()
+}
+
+/// The harness with walk.cu's ring of opened sources cut to 8 entries, so that walks
+/// overflow it.
+fn small_ring_harness() -> PathBuf {
+    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
-        .get_or_init(|| {
-            use sha2::{Digest, Sha256};
-            let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-            let mut sources: Vec<PathBuf> = ["kernels", "kernels/emulation"]
-                .iter()
-                .flat_map(|d| std::fs::read_dir(root.join(d)).unwrap().flatten())
-                .map(|e| e.path())
-                .filter(|p| p.is_file())
-                .collect();
-            sources.sort();
-            const FLAGS: [&str; 6] = ["-std=c++20", "-O2", "-pthread", "-Wall", "-Werror", "-I"];
-            let mut h = Sha256::new();
-            h.update(FLAGS.join(" "));
-            for p in &sources {
-                h.update(p.file_name().unwrap().as_encoded_bytes());
-                h.update(std::fs::read(p).unwrap());
-            }
-            let hex: String = h.finalize()[..8]
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect();
-            let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
-            let exe = dir.join(format!("emulation-harness-{hex}"));
-            if exe.exists() {
-                return exe;
-            }
-            // Built under a name of its own, then renamed into place: another test process
-            // may be building the same harness at the same time.
-            let building = dir.join(format!("emulation-harness-{hex}.{}", std::process::id()));
-            let out = Command::new("c++")
-                .args(FLAGS)
-                .arg(root.join("kernels"))
-                .arg(root.join("kernels/emulation/harness.cpp"))
-                .arg("-o")
-                .arg(&building)
-                .output()
-                .expect("a C++ compiler `c++` (install g++: scripts/install-deps.sh)");
-            assert!(
-                out.status.success(),
-                "the kernels do not build under the emulation:\n{}",
-                String::from_utf8_lossy(&out.stderr)
-            );
-            std::fs::rename(&building, &exe).unwrap();
-            // Builds for sources that are gone are of no more use.
-            for old in std::fs::read_dir(dir).unwrap().flatten() {
-                let name = old.file_name().to_string_lossy().into_owned();
-                if name.starts_with("emulation-harness-")
-                    && !name.contains('.')
-                    && old.path() != exe
-                {
-                    let _ = std::fs::remove_file(old.path());
-                }
-            }
-            exe
-        })
+        .get_or_init(|| build_harness("small-ring", &["-DWALK_QUEUE=8"]))
         .clone()
 }
 
+/// Builds the harness `variant` with `defines` added to the compiler flags (or finds it
+/// built), removing that variant's builds for sources that are gone.
+fn build_harness(variant: &str, defines: &[&str]) -> PathBuf {
+    use sha2::{Digest, Sha256};
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut sources: Vec<PathBuf> = ["kernels", "kernels/emulation"]
+        .iter()
+        .flat_map(|d| std::fs::read_dir(root.join(d)).unwrap().flatten())
+        .map(|e| e.path())
+        .filter(|p| p.is_file())
+        .collect();
+    sources.sort();
+    let mut flags = vec!["-std=c++20", "-O2", "-pthread", "-Wall", "-Werror"];
+    flags.extend_from_slice(defines);
+    let mut h = Sha256::new();
+    h.update(flags.join(" "));
+    for p in &sources {
+        h.update(p.file_name().unwrap().as_encoded_bytes());
+        h.update(std::fs::read(p).unwrap());
+    }
+    let hex: String = h.finalize()[..8]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
+    let prefix = format!("emulation-harness-{variant}-");
+    let exe = dir.join(format!("{prefix}{hex}"));
+    if exe.exists() {
+        return exe;
+    }
+    // Built under a name of its own, then renamed into place: another test process may be
+    // building the same harness at the same time.
+    let building = dir.join(format!("{prefix}{hex}.{}", std::process::id()));
+    let out = Command::new("c++")
+        .args(&flags)
+        .arg("-I")
+        .arg(root.join("kernels"))
+        .arg(root.join("kernels/emulation/harness.cpp"))
+        .arg("-o")
+        .arg(&building)
+        .output()
+        .expect("a C++ compiler `c++` (install g++: scripts/install-deps.sh)");
+    assert!(
+        out.status.success(),
+        "the kernels do not build under the emulation:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    std::fs::rename(&building, &exe).unwrap();
+    for old in std::fs::read_dir(dir).unwrap().flatten() {
+        let name = old.file_name().to_string_lossy().into_owned();
+        if name.starts_with(&prefix) && !name.contains('.') && old.path() != exe {
+            let _ = std::fs::remove_file(old.path());
+        }
+    }
+    exe
+}
+
 fn run_harness(mode: &str, input: &[u8]) -> Vec<u8> {
+    run(&harness(), mode, input)
+}
+
+/// Runs harness `exe` in `mode` on `input`; its output.
+fn run(exe: &Path, mode: &str, input: &[u8]) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
     let (i, o) = (dir.path().join("in.bin"), dir.path().join("out.bin"));
     std::fs::write(&i, input).unwrap();
-    let out = Command::new(harness())
+    let out = Command::new(exe)
         .arg(mode)
         .arg(&i)
         .arg(&o)
@@ -622,7 +637,7 @@ impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
         if !self.walk {
             return Ok(None);
         }
-        let w = emulated_walk(tree, mac, 4096);
+        let w = emulated_walk(&harness(), tree, mac, 4096);
         assert_eq!(w.problems, 0);
         let lists = leapfmm::fmm::solver::DeviceLists {
             m2l: w.m2l_sources.len(),
@@ -756,7 +771,7 @@ fn device_walk_gives_the_hosts_lists() {
         p2p.reset(10_000_000);
         let walked = walk(&tree, None, mac, &[], &m2l, &p2p);
         let (far, near) = (m2l.take(), p2p.take());
-        let w = emulated_walk(&tree, mac, chunk);
+        let w = emulated_walk(&harness(), &tree, mac, chunk);
         assert_eq!(w.problems, 0);
         let (m2l_spans, p2p_spans, pairs) = (&w.m2l_spans, &w.p2p_spans, &w.pairs);
         let (device_m2l, device_p2p) = (&w.m2l_sources, &w.p2p_sources);
@@ -794,6 +809,10 @@ fn device_walk_gives_the_hosts_lists() {
             far.len(),
             near.len()
         );
+        // With a ring of 8 opened sources, targets overflow it: the walk says so (the
+        // host then walks) instead of writing past the ring or dropping sources silently.
+        let small = emulated_walk(&small_ring_harness(), &tree, mac, chunk);
+        assert!(small.problems > 0, "no overflow with a ring of 8");
     }
 }
 
@@ -807,8 +826,10 @@ struct EmulatedWalk {
     p2p_sources: Vec<u32>,
 }
 
-/// The device walk of `tree` (moments set) with `mac`, in launches of `chunk` targets.
+/// The device walk of `tree` (moments set) with `mac`, in launches of `chunk` targets, by
+/// harness `exe`.
 fn emulated_walk(
+    exe: &Path,
     tree: &leapfmm::fmm::tree::Tree,
     mac: leapfmm::fmm::traversal::Mac,
     chunk: u32,
@@ -820,7 +841,7 @@ fn emulated_walk(
     f64_bytes(&mut b, [mac.theta, mac.support]);
     f64_bytes(&mut b, tree.moments().into_iter().flatten());
     tree_bytes(&mut b, tree);
-    let out = run_harness("walk", &b);
+    let out = run(exe, "walk", &b);
     let word = |i: usize| u32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap());
     let (problems, m2l_total, p2p_total) = (word(0), word(1) as usize, word(2) as usize);
     let u64_at = |at: usize| u64::from_le_bytes(out[at..at + 8].try_into().unwrap());
