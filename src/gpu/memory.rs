@@ -72,9 +72,8 @@ pub struct DeviceLengths {
 impl DeviceLengths {
     /// The sizes for `plan`, each list and the cells at least as large as `caps` say (the
     /// host's tree and walk never exceed them, so buffers of this size serve every
-    /// evaluation until the caps grow).
-    /// Lists walked on the device (`DevicePlan::device_lists`) live in the walk's buffers,
-    /// not these.
+    /// evaluation until the caps grow). Lists walked on the device
+    /// (`DevicePlan::device_lists`) live in the walk's buffers, not these.
     pub fn of(plan: &DevicePlan, caps: &Caps) -> Self {
         let cells = plan.centre.len().max(caps.cells);
         let list = |len: usize, cap: usize| {
