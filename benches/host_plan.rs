@@ -5,18 +5,20 @@
 //! resident run's path; the sort itself done here beforehand and not timed): what is left
 //! to the host once the device sorts. Then with the cells' moments from the device too
 //! (`plan_sorted` without positions and a `DeviceTree`; the moments computed here
-//! beforehand and not timed): what is left once the device also computes them. Last, with
-//! the walk on the device as well (its list sizes handed over, found here beforehand): what
-//! a resident run's host does each step.
+//! beforehand and not timed): what is left once the device also computes them. Then with
+//! the walk on the device as well (its list sizes handed over, found here beforehand). Last,
+//! with the split into cells on the device too (`plan_split`: the cells handed over, split
+//! here beforehand): what a resident run's host does each step.
 //!
 //! `cargo bench --bench host_plan` (N = 1e7, ~2.5 GB; `HOST_PLAN_N=1000000` for less);
 //! figures go to docs/benchmarks.md (GPU backend).
 
 use leapfmm::bench::Workload;
 use leapfmm::fmm::caps::Caps;
+use leapfmm::fmm::morton::BoundingCube;
 use leapfmm::fmm::solver::{DeviceLists, DeviceTree, Evaluation, FmmStats};
 use leapfmm::fmm::traversal::Mac;
-use leapfmm::fmm::tree::{MOMENT_VALUES, SortedParticles, Tree};
+use leapfmm::fmm::tree::{CellColumns, CellsOverflow, MOMENT_VALUES, SortedParticles, Tree};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::GravityError;
 use leapfmm::gravity::{Softening, SofteningKernel};
@@ -63,18 +65,25 @@ fn main() {
             .expect("sorted particles");
         report(&mut solver, k, start, stats);
     }
-    for walk in [false, true] {
+    for (walk, split) in [(false, false), (true, false), (true, true)] {
         println!(
-            "with the moments{} from the device too (plan_sorted without positions):",
-            if walk { " and the walk" } else { "" }
+            "with the {}moments{} from the device too ({}):",
+            if split { "cells, " } else { "" },
+            if walk { " and the walk" } else { "" },
+            if split {
+                "plan_split"
+            } else {
+                "plan_sorted without positions"
+            }
         );
-        device_plans(&p, &settings, walk);
+        device_plans(&p, &settings, walk, split);
     }
 }
 
-/// `PLANS` plans from the particles sorted as on a device, with the cells' moments and, with
-/// `walk`, the lists' sizes from a device (found beforehand, not timed).
-fn device_plans(p: &Particles, settings: &FmmSettings, walk: bool) {
+/// `PLANS` plans from the particles sorted as on a device, with the cells' moments, with
+/// `walk` the lists' sizes and with `split` the cells from a device (found beforehand, not
+/// timed).
+fn device_plans(p: &Particles, settings: &FmmSettings, walk: bool, split: bool) {
     let mut solver = FmmSolver::new(settings.clone(), None);
     let mut host = FmmSolver::new(settings.clone(), None);
     let mut sorted = SortedParticles::default();
@@ -96,20 +105,30 @@ fn device_plans(p: &Particles, settings: &FmmSettings, walk: bool) {
                 p2p_interactions: plan.p2p_interactions(),
             }
         });
-        let mut device = Precomputed(tree.moments(), lists);
+        let mut device = Precomputed {
+            moments: tree.moments(),
+            lists,
+            cells: split.then(|| (tree.cube.expect("a cube"), tree.cell_columns())),
+        };
         sorted.pos.clear();
         sorted.mass.clear();
         let start = Instant::now();
-        let stats = solver
-            .plan_sorted(&mut sorted, &p.id, Some(&mut device))
-            .expect("sorted particles");
-        report(&mut solver, k, start, stats);
+        let stats = if split {
+            solver.plan_split(&p.id, &mut device)
+        } else {
+            solver.plan_sorted(&mut sorted, &p.id, Some(&mut device))
+        };
+        report(&mut solver, k, start, stats.expect("sorted particles"));
     }
 }
 
-/// The cells' moments and (when walked there) the lists' sizes as a device hands them
-/// over, found beforehand.
-struct Precomputed(Vec<[f64; MOMENT_VALUES]>, Option<DeviceLists>);
+/// The cells' moments, (when walked there) the lists' sizes and (when split there) the
+/// cells as a device hands them over, found beforehand.
+struct Precomputed {
+    moments: Vec<[f64; MOMENT_VALUES]>,
+    lists: Option<DeviceLists>,
+    cells: Option<(BoundingCube, CellColumns)>,
+}
 
 impl DeviceTree for Precomputed {
     fn cell_moments(
@@ -118,7 +137,7 @@ impl DeviceTree for Precomputed {
         _reordered: bool,
         out: &mut Vec<[f64; MOMENT_VALUES]>,
     ) -> Result<(), GravityError> {
-        out.clone_from(&self.0);
+        out.clone_from(&self.moments);
         Ok(())
     }
 
@@ -128,7 +147,22 @@ impl DeviceTree for Precomputed {
         _mac: Mac,
         _caps: &Caps,
     ) -> Result<Option<DeviceLists>, GravityError> {
-        Ok(self.1)
+        Ok(self.lists)
+    }
+
+    fn split_cells(
+        &mut self,
+        tree: &mut Tree,
+        leaf_size: usize,
+        cap: usize,
+    ) -> Result<Result<(), CellsOverflow>, GravityError> {
+        let (cube, columns) = self.cells.as_ref().expect("cells split beforehand");
+        if columns.begin.len() > cap {
+            return Ok(Err(CellsOverflow { needed: cap + 1 }));
+        }
+        let n = columns.end[0] as usize;
+        tree.adopt_cells(*cube, n, columns, leaf_size)?;
+        Ok(Ok(()))
     }
 }
 

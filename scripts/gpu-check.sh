@@ -6,11 +6,12 @@
 # the GPU-vs-CPU difference of the FMM passes on the Milky Way model and the GPU timings.
 #   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; OUT=/tmp/gpu-check)
 # The host still builds the tree and the lists (CPU); the GPU line times the device passes,
-# the "GPU tree order" lines the device's keys and sort, the "GPU cell moments" lines its
-# masses, centres and radii of the cells and the "GPU walk" lines its lists (what a run does
-# each step), checked against the host's tree, moments and lists (the command fails if they
-# differ). Then three steps of a run at N2 with the particles resident on the GPU (the whole
-# evaluation: device sort, host cells, device moments and walk, device passes). Last, a run of ~100 adaptive steps on the Milky Way model with backend = cuda (particles
+# the "GPU tree order" lines the device's keys and sort, the "GPU cells" lines its split
+# into cells, the "GPU cell moments" lines its masses, centres and radii of the cells and the
+# "GPU walk" lines its lists (what a run does each step), checked against the host's tree,
+# cells, moments and lists (the command fails if they differ). Then three steps of a run at
+# N2 with the particles resident on the GPU (the whole evaluation: device sort, split,
+# moments, walk and passes; the host checks the sort's sums and the cells). Last, a run of ~100 adaptive steps on the Milky Way model with backend = cuda (particles
 # resident on the device: kick, drift, time step criterion, diagnostics sums and force
 # passes there) and the same run on the CPU: compare the conservation columns of their
 # diagnostics.csv.
@@ -57,7 +58,7 @@ for n in "$N1" "$N2"; do
     echo "exit status ${PIPESTATUS[0]}"
 done
 
-echo "== N = $N2: 3 fixed steps with the particles resident on the GPU (the device keys and sorts them, the host splits the cells, the device computes their moments, walks and runs the passes): the per-step force time and phases (diagnostics.csv)"
+echo "== N = $N2: 3 fixed steps with the particles resident on the GPU (the device keys and sorts them, splits them into cells, computes their moments, walks and runs the passes; the host checks the sort and the cells): the per-step force time and phases (diagnostics.csv)"
 cat > "$OUT/big.toml" <<EOF
 name = "gpu_big"
 output_dir = "$OUT/runs"

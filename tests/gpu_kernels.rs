@@ -480,6 +480,18 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     assert_eq!(from_device.cells, on_host.cells);
     assert_eq!(from_device.pos, on_host.pos);
     assert_eq!(from_device.mass, on_host.mass);
+    // The device's split of its sort (kernels/split.cu) makes the same cells, and its sums
+    // are the sort's.
+    let (summary, columns) = emulated_split(&sorted_keys, &index, 16, 32, 5);
+    assert_eq!(columns, from_device.cell_columns());
+    assert_eq!(summary.equal_neighbours, runs as u64);
+    assert_eq!(summary.out_of_order, 0);
+    summary.check(n).unwrap();
+    // The device orders those runs by id itself (kernels/split.cu: order_equal_runs): the
+    // host's order, with nothing left for it to reorder.
+    let (long_runs, ordered) = emulated_runs(&sorted_keys, &id, &index, 64);
+    assert_eq!(long_runs, 0);
+    assert_eq!(ordered, from_device.order);
     // And the solver's plan from them is the plan it makes from the positions, a retry for
     // more cells included (the sorted particles are taken once).
     use leapfmm::fmm::caps::Caps;
@@ -544,6 +556,8 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
         pos: &pos,
         mass: &mass,
         sorter_order: index.clone(),
+        sorted_keys: Vec::new(),
+        cube: None,
         reordered: Vec::new(),
         walk: false,
         walked: None,
@@ -602,6 +616,9 @@ struct EmulatedDevice<'a> {
     pos: &'a [[f64; 3]],
     mass: &'a [f64],
     sorter_order: Vec<u32>,
+    /// The sorter's keys and their cube, for kernels/split.cu (empty: it does not split).
+    sorted_keys: Vec<u64>,
+    cube: Option<leapfmm::fmm::morton::BoundingCube>,
     /// `reordered` of each call.
     reordered: Vec<bool>,
     /// Whether to walk too (kernels/walk.cu under the emulation), and the lists it made.
@@ -647,6 +664,125 @@ impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
         self.walked = Some(w);
         Ok(Some(lists))
     }
+
+    fn split_cells(
+        &mut self,
+        tree: &mut leapfmm::fmm::tree::Tree,
+        leaf_size: usize,
+        cap: usize,
+    ) -> Result<Result<(), leapfmm::fmm::tree::CellsOverflow>, leapfmm::gravity::GravityError> {
+        let (summary, columns) =
+            emulated_split(&self.sorted_keys, &self.sorter_order, leaf_size, 64, 3);
+        summary.check(self.pos.len())?;
+        // The device stops at the first level past the cap; its cells are the same.
+        if columns.begin.len() > cap {
+            return Ok(Err(leapfmm::fmm::tree::CellsOverflow { needed: cap + 1 }));
+        }
+        let cube = self.cube.expect("a cube with the keys");
+        tree.adopt_cells(cube, self.pos.len(), &columns, leaf_size)?;
+        Ok(Ok(()))
+    }
+}
+
+/// kernels/split.cu's order_equal_runs under the emulation over the sorted `keys` and
+/// their particle indices `order` (`id` by particle), in blocks of `block`: the runs too
+/// long to order, and the indices.
+fn emulated_runs(keys: &[u64], id: &[u64], order: &[u32], block: u32) -> (u32, Vec<u32>) {
+    let n = keys.len();
+    let mut b = Vec::new();
+    u32_bytes(&mut b, &[n as u32, block]);
+    keys.iter()
+        .chain(id)
+        .for_each(|k| b.extend(k.to_le_bytes()));
+    u32_bytes(&mut b, order);
+    let out = run_harness("runs", &b);
+    let words: Vec<u32> = out
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    (words[0], words[1..].to_vec())
+}
+
+#[test]
+fn runs_of_equal_keys_longer_than_the_limit_are_left_to_the_host() {
+    // Records 0..5 alone, then a run of 1025 equal keys (one past RUN_LIMIT) and one of
+    // 1024, then more alone; ids shuffled.
+    let mut keys: Vec<u64> = (0..5).collect();
+    keys.extend(std::iter::repeat_n(10, 1025));
+    keys.extend(std::iter::repeat_n(20, 1024));
+    keys.extend(30..40);
+    let n = keys.len();
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(5);
+    let mut id: Vec<u64> = (0..n as u64).map(|i| 3 * i + 1).collect();
+    for i in (1..n).rev() {
+        id.swap(i, rng.random_range(0..=i));
+    }
+    let order: Vec<u32> = (0..n as u32).collect();
+    let (long_runs, ordered) = emulated_runs(&keys, &id, &order, 128);
+    assert_eq!(long_runs, 1);
+    assert_eq!(ordered[..1030], order[..1030], "the long run as it was");
+    let mut expected = order[1030..2054].to_vec();
+    expected.sort_by_key(|&i| id[i as usize]);
+    assert_eq!(ordered[1030..2054], expected[..], "the other run by id");
+    assert_eq!(ordered[2054..], order[2054..]);
+}
+
+/// kernels/split.cu's launches under the emulation over `keys` sorted with their particle
+/// indices `order`: sort_scan in `scan_blocks` blocks, then the split into cells of at most
+/// `leaf_size` particles, per-cell kernels in blocks of `block`.
+fn emulated_split(
+    keys: &[u64],
+    order: &[u32],
+    leaf_size: usize,
+    block: u32,
+    scan_blocks: u32,
+) -> (
+    leapfmm::fmm::tree::SortSummary,
+    leapfmm::fmm::tree::CellColumns,
+) {
+    let n = keys.len();
+    let mut b = Vec::new();
+    u32_bytes(&mut b, &[n as u32, leaf_size as u32, block, scan_blocks]);
+    keys.iter().for_each(|k| b.extend(k.to_le_bytes()));
+    u32_bytes(&mut b, order);
+    let out = run_harness("split", &b);
+    let u64_at = |i: usize| u64::from_le_bytes(out[8 * i..8 * i + 8].try_into().unwrap());
+    let summary = leapfmm::fmm::tree::SortSummary {
+        out_of_order: u64_at(0),
+        equal_neighbours: u64_at(1),
+        largest: u64_at(2),
+        sum: u64_at(3),
+        squares: u64_at(4),
+    };
+    let words: Vec<u32> = out[40..]
+        .chunks_exact(4)
+        .map(|c| u32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let (levels, cells) = (words[0] as usize, words[1] as usize);
+    let level_start = words[2..levels + 3].iter().map(|&l| l as usize).collect();
+    let column = |k: usize| words[levels + 3 + k * cells..levels + 3 + (k + 1) * cells].to_vec();
+    assert_eq!(words.len(), levels + 3 + 5 * cells);
+    let columns = leapfmm::fmm::tree::CellColumns {
+        begin: column(0),
+        end: column(1),
+        first_child: column(2),
+        child_count: column(3),
+        level_start,
+    };
+    // The parents split_write wrote are those the columns imply.
+    let parent = column(4);
+    for (c, (&first, &count)) in columns
+        .first_child
+        .iter()
+        .zip(&columns.child_count)
+        .enumerate()
+    {
+        for child in first..first + count {
+            assert_eq!(parent[child as usize], c as u32, "parent of cell {child}");
+        }
+    }
+    assert_eq!(parent[0], 0);
+    (summary, columns)
 }
 
 /// kernels/moments.cu's launches under the emulation for the cells of `tree` over `pos`
@@ -1497,4 +1633,156 @@ fn device_passes_on_three_ranks_give_the_cpu_distributed_forces() {
     assert_eq!(seen, n);
     eprintln!("device passes on {ranks} ranks vs the CPU's: worst relative difference {worst:.2e}");
     assert!(worst < 1e-5, "{worst:.2e}");
+}
+
+#[test]
+fn device_split_is_the_hosts_and_its_sums_catch_a_bad_sort() {
+    // A clustered cloud with coincident particles (runs of equal keys, leaves at the deepest
+    // level) and a lone far particle, split with several leaf sizes and block shapes.
+    use leapfmm::fmm::tree::{SortedParticles, Tree};
+    let n = 5000usize;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(11);
+    let mut pos = clump(&mut rng, n, 4, 10.0, 0.1);
+    for i in 0..40 {
+        pos[100 + i] = pos[99];
+    }
+    pos[n - 1] = [300.0, -200.0, 50.0];
+    let cube = Tree::bounding_cube(&pos);
+    let mut order: Vec<u32> = (0..n as u32).collect();
+    order.sort_by_key(|&i| cube.key(pos[i as usize]));
+    let keys: Vec<u64> = order.iter().map(|&i| cube.key(pos[i as usize])).collect();
+    let equal = keys.windows(2).filter(|w| w[0] == w[1]).count() as u64;
+    assert!(equal >= 39);
+    let id: Vec<u64> = (0..n as u64).collect();
+    for (leaf_size, block, scan_blocks) in [(1, 32, 1), (4, 128, 3), (64, 32, 40)] {
+        let mut tree = Tree::default();
+        let mut sorted = SortedParticles {
+            cube: Some(cube),
+            keys: keys.clone(),
+            order: order.clone(),
+            ..SortedParticles::default()
+        };
+        tree.adopt_sorted(&mut sorted, &id).unwrap();
+        tree.build_cells(leaf_size, usize::MAX).unwrap();
+        let (summary, columns) = emulated_split(&keys, &order, leaf_size, block, scan_blocks);
+        assert_eq!(columns, tree.cell_columns(), "leaf size {leaf_size}");
+        let (m, last) = (n as u128, n as u128 - 1);
+        assert_eq!(
+            summary,
+            leapfmm::fmm::tree::SortSummary {
+                out_of_order: 0,
+                equal_neighbours: equal,
+                largest: n as u64 - 1,
+                sum: (m * last / 2) as u64,
+                squares: (last * m * (2 * last + 1) / 6) as u64,
+            }
+        );
+        let mut adopted = Tree::default();
+        adopted
+            .adopt_cells(cube, n, &columns, leaf_size)
+            .expect("the device's cells pass the host's checks");
+        assert_eq!(adopted.cells, tree.cells);
+        assert_eq!(adopted.leaves, tree.leaves);
+    }
+    // A sort that wrote one index twice, or swapped two keys, shows in the sums.
+    let mut twice = order.clone();
+    twice[17] = twice[18];
+    let (summary, _) = emulated_split(&keys, &twice, 8, 64, 3);
+    assert!(summary.check(n).is_err());
+    let mut swapped = keys.clone();
+    swapped.swap(10, 4000);
+    let (summary, _) = emulated_split(&swapped, &order, 8, 64, 3);
+    assert_eq!(summary.out_of_order, 2);
+    let equal = swapped.windows(2).filter(|w| w[0] == w[1]).count() as u64;
+    assert_eq!(summary.equal_neighbours, equal);
+    assert!(summary.check(n).is_err());
+}
+
+#[test]
+fn a_plan_from_the_devices_split_is_the_hosts_plan() {
+    // Particles sorted, split, measured and walked by the device (kernels/keys.cu's order,
+    // split.cu, moments.cu and walk.cu under the emulation): the host gets only the cells,
+    // and its plan (retries for more cells included) is the one it makes from the positions.
+    use leapfmm::fmm::caps::Caps;
+    use leapfmm::fmm::solver::{FmmSettings, FmmSolver};
+    use leapfmm::fmm::tree::Tree;
+    use leapfmm::gravity::GravitySolver;
+    let n = 3000usize;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(23);
+    let pos = clump(&mut rng, n, 2, 10.0, 0.3);
+    let mass: Vec<f64> = (0..n).map(|_| rng.random_range(0.5..1.5)).collect();
+    let id: Vec<u64> = (0..n as u64).map(|i| 7 * i + 3).collect();
+    let cube = Tree::bounding_cube(&pos);
+    let mut index: Vec<u32> = (0..n as u32).collect();
+    index.sort_by_key(|&i| cube.key(pos[i as usize]));
+    let sorted_keys: Vec<u64> = index.iter().map(|&i| cube.key(pos[i as usize])).collect();
+    assert!(
+        sorted_keys.windows(2).all(|w| w[0] < w[1]),
+        "no equal keys (those the host splits)"
+    );
+    let settings = FmmSettings {
+        leaf_size: 16,
+        ..FmmSettings::defaults(
+            Softening {
+                kernel: SofteningKernel::Spline,
+                epsilon: 0.05,
+            },
+            1.0,
+        )
+    };
+    let small = Caps {
+        cells: 3,
+        m2l_pairs: 10,
+        p2p_pairs: 10,
+        ..Caps::default()
+    };
+    let (mut a, mut b) = (
+        FmmSolver::new(settings.clone(), None),
+        FmmSolver::new(settings, None),
+    );
+    a.set_caps(small);
+    b.set_caps(small);
+    let mut device = EmulatedDevice {
+        pos: &pos,
+        mass: &mass,
+        sorter_order: index.clone(),
+        sorted_keys,
+        cube: Some(cube),
+        reordered: Vec::new(),
+        walk: true,
+        walked: None,
+    };
+    let stats = a.plan_split(&id, &mut device).unwrap();
+    assert!(stats.retries >= 2, "{} retries", stats.retries);
+    assert_eq!(device.reordered, [false]);
+    b.plan_with(&pos, &mass, &id, Default::default()).unwrap();
+    let (pa, pb) = (a.device_plan().unwrap(), b.device_plan().unwrap());
+    assert!(pa.order_of.is_empty() && pa.pos.is_empty() && pa.leaf_of.is_empty());
+    assert_eq!(pb.order_of, index.as_slice());
+    assert_eq!(pa.particles(), n);
+    assert_eq!(pa.centre, pb.centre);
+    assert_eq!((&pa.begin, &pa.end), (&pb.begin, &pb.end));
+    assert_eq!((&pa.first_child, &pa.parent), (&pb.first_child, &pb.parent));
+    assert_eq!(pa.leaves, pb.leaves);
+    assert_eq!(pa.level_start, pb.level_start);
+    assert_eq!(pa.p2p_interactions(), pb.p2p_interactions());
+    let walked = device.walked.take().expect("the device walked");
+    let of = |spans: &[u64], list: &[u32], c: usize| -> Vec<u32> {
+        let (start, len) = unpack(spans[c]);
+        list[start as usize..(start + len) as usize].to_vec()
+    };
+    for c in 0..pb.centre.len() {
+        assert_eq!(of(&walked.m2l_spans, &walked.m2l_sources, c), pb.m2l_of(c));
+        assert_eq!(of(&walked.p2p_spans, &walked.p2p_sources, c), pb.p2p_of(c));
+    }
+    assert_eq!(
+        (stats.used.cells, stats.used.m2l_pairs, stats.used.p2p_pairs),
+        (pb.centre.len(), pb.m2l_sources.len(), pb.p2p_sources.len())
+    );
+    // A sort that is not one is refused as such (the GPU solver then sorts on the host).
+    device.sorter_order[5] = device.sorter_order[6];
+    assert!(matches!(
+        a.plan_split(&id, &mut device),
+        Err(leapfmm::gravity::GravityError::NotSorted(_))
+    ));
 }

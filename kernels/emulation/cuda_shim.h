@@ -59,6 +59,9 @@ inline double __longlong_as_double(long long x) { return std::bit_cast<double>(x
 inline unsigned atomicAdd(unsigned* address, unsigned v) {
     return std::atomic_ref<unsigned>(*address).fetch_add(v);
 }
+inline unsigned long long atomicAdd(unsigned long long* address, unsigned long long v) {
+    return std::atomic_ref<unsigned long long>(*address).fetch_add(v);
+}
 inline unsigned long long atomicMax(unsigned long long* address, unsigned long long v) {
     std::atomic_ref<unsigned long long> a(*address);
     unsigned long long old = a.load();

@@ -28,6 +28,11 @@
 //                             cell), begin, end, first_child, child_count, parent (per
 //                             cell), level_start; OUT: problems, M2L and P2P totals, M2L
 //                             spans, P2P spans, P2P pairs (per cell), M2L list, P2P list
+//   harness runs IN OUT       IN: n, block, sorted keys, ids (by particle), particle indices;
+//                             OUT: problems, the indices with runs of equal keys ordered by id
+//   harness split IN OUT      IN: n, leaf size, block, scan blocks, sorted keys, particle
+//                             indices; OUT: sort_scan's 5 values, levels, cells, level_start
+//                             (levels + 1), begin, end, first_child, child_count, parent
 #include "cuda_shim.h"
 #include "../p2p.cu"
 #include "../integrate.cu"
@@ -35,6 +40,7 @@
 #include "../keys.cu"
 #include "../moments.cu"
 #include "../walk.cu"
+#include "../split.cu"
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -409,6 +415,61 @@ int main(int argc, char** argv) {
         put(out, pairs);
         put(out, m2l_list);
         put(out, p2p_list);
+    } else if (mode == "runs") {
+        auto n = in.one<uint32_t>(), block = in.one<uint32_t>();
+        auto keys = in.many<uint64_t>(n);
+        auto id = in.many<uint64_t>(n);
+        auto index = in.many<uint32_t>(n);
+        uint32_t problems = 0;
+        launch(std::max(1u, (n + block - 1) / block), block, order_equal_runs,
+               (const unsigned long long*)keys.data(), (const unsigned long long*)id.data(),
+               (unsigned)n, (unsigned*)index.data(), (unsigned*)&problems);
+        std::fwrite(&problems, 4, 1, out);
+        put(out, index);
+    } else if (mode == "split") {
+        auto n = in.one<uint32_t>(), leaf_size = in.one<uint32_t>();
+        auto block = in.one<uint32_t>(), scan_blocks = in.one<uint32_t>();
+        auto keys = in.many<uint64_t>(n);
+        auto order = in.many<uint32_t>(n);
+        std::vector<uint64_t> scan(SCAN_VALUES, 0);
+        launch(scan_blocks, SCAN_THREADS, sort_scan, (const unsigned long long*)keys.data(),
+               (const unsigned*)order.data(), (unsigned)n, (unsigned long long*)scan.data());
+        // The root; the columns grow level by level as the device's buffers do.
+        std::vector<uint32_t> begin{0}, end{n}, first_child{0}, child_count{0}, parent{0};
+        std::vector<uint32_t> level_start{0};
+        unsigned first = 0, level = 0;
+        for (;;) {
+            unsigned count = (unsigned)begin.size() - first;
+            std::vector<uint32_t> counts(count + 1, 0);
+            unsigned grid = std::max(1u, (count + block - 1) / block);
+            launch(grid, block, split_count, first, count, level, leaf_size,
+                   (const unsigned long long*)keys.data(), (const unsigned*)begin.data(),
+                   (const unsigned*)end.data(), (unsigned*)counts.data());
+            launch(1, 64, radix_offsets, (unsigned*)counts.data(), count + 1);
+            unsigned children = counts[count];
+            size_t cells = begin.size() + children;
+            for (auto* column : {&begin, &end, &first_child, &child_count, &parent}) {
+                column->resize(cells, 0xdeadbeefu);  // split_write must set every one
+            }
+            launch(grid, block, split_write, first, count, level, leaf_size,
+                   (const unsigned long long*)keys.data(), (const unsigned*)counts.data(),
+                   (unsigned*)begin.data(), (unsigned*)end.data(), (unsigned*)first_child.data(),
+                   (unsigned*)child_count.data(), (unsigned*)parent.data());
+            if (children == 0) break;
+            first += count;
+            level_start.push_back(first);
+            ++level;
+        }
+        level_start.push_back((uint32_t)begin.size());
+        uint32_t sizes[2] = {(uint32_t)level_start.size() - 1, (uint32_t)begin.size()};
+        put(out, scan);
+        std::fwrite(sizes, 4, 2, out);
+        put(out, level_start);
+        put(out, begin);
+        put(out, end);
+        put(out, first_child);
+        put(out, child_count);
+        put(out, parent);
     } else {
         std::fprintf(stderr, "harness: unknown mode %s\n", argv[1]);
         return 2;

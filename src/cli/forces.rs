@@ -385,11 +385,11 @@ fn on_gpu(
     Ok((acc, pot))
 }
 
-/// The device's sort of `particles` into tree order (`GpuFmm::sort_resident`), its moments
-/// of the cells (`GpuFmm::cell_moments`) and its walk (`GpuFmm::walk`), `repeat` times,
-/// against the host's tree and lists of `plan` and the host's moments of the same cells
-/// (`settings` as the plan's, `caps` the solver's): the same order, positions, moments and
-/// lists to the bit, or an error.
+/// The device's sort of `particles` into tree order (`GpuFmm::sort_resident`), its split
+/// into cells (`GpuFmm::split_cells`), its moments of the cells (`GpuFmm::cell_moments`)
+/// and its walk (`GpuFmm::walk`), `repeat` times, against the host's tree and lists of
+/// `plan` and the host's moments of the same cells (`settings` as the plan's, `caps` the
+/// solver's): the same order, positions, cells, moments and lists to the bit, or an error.
 #[cfg(feature = "cuda")]
 fn device_tree_order(
     gpu: &mut leapfmm::gpu::device::GpuFmm,
@@ -400,21 +400,29 @@ fn device_tree_order(
     repeat: usize,
 ) -> Result<()> {
     let (leaf_size, mac) = (settings.leaf_size, settings.mac());
-    use leapfmm::fmm::tree::{SortedParticles, Tree};
+    use leapfmm::fmm::tree::{CellColumns, SortedParticles, Tree};
     let state = gpu.load_state(particles)?;
     let mut sorted = SortedParticles::default();
     let mut tree = Tree::default();
+    let mut columns = CellColumns::default();
     let mut moments = Vec::new();
     for k in 0..repeat.max(1) {
         let start = Instant::now();
-        if !gpu.sort_resident(&state, &mut sorted, true)? {
+        let Some(sort) = gpu.sort_resident(&state)? else {
             bail!("the device found a position or mass that is not finite");
-        }
+        };
+        gpu.download_sorted(&state, sort.cube, &mut sorted, true)?;
         let secs = start.elapsed().as_secs_f64();
+        sort.summary.check(particles.len())?;
+        let equal = sorted.keys.windows(2).filter(|w| w[0] == w[1]).count() as u64;
+        // Runs of equal keys the device ordered by id need no reordering here.
         let reordered = tree.adopt_sorted(&mut sorted, &particles.id)?;
-        let same = tree.order == plan.order_of && tree.pos == plan.pos;
+        let same = tree.order == plan.order_of
+            && tree.pos == plan.pos
+            && sort.summary.equal_neighbours == equal
+            && !(reordered && sort.runs_ordered);
         println!(
-            "GPU tree order {}: {secs:.3} s (bounds, keys, radix sort, gather, download of {} particles); the host's order and positions: {}",
+            "GPU tree order {}: {secs:.3} s (bounds, keys, radix sort, gather, checks' sums, download of {} particles); the host's order, positions and sums: {}",
             k + 1,
             tree.order.len(),
             if same { "identical" } else { "DIFFERENT" }
@@ -424,6 +432,22 @@ fn device_tree_order(
         }
         tree.build_cells(leaf_size, usize::MAX)
             .map_err(|o| anyhow::anyhow!("a tree of more than {} cells", o.needed))?;
+        let start = Instant::now();
+        if let Err(o) = gpu.split_cells(&state, leaf_size, usize::MAX, &mut columns)? {
+            bail!("the device's split asked for more than {} cells", o.needed);
+        }
+        let secs = start.elapsed().as_secs_f64();
+        let host = tree.cell_columns();
+        let same = columns == host;
+        println!(
+            "GPU cells {}: {secs:.3} s (split level by level, {} cells down); the host's cells: {}",
+            k + 1,
+            columns.begin.len(),
+            if same { "identical" } else { "DIFFERENT" }
+        );
+        if !same {
+            bail!("the device's cells differ from the host's");
+        }
         tree.compute_moments();
         let start = Instant::now();
         gpu.cell_moments(&state, &tree, reordered, &mut moments)?;

@@ -8,7 +8,7 @@ use super::morton::BoundingCube;
 use super::p2p::{NearField, NearFieldPrecision, NearScratch};
 use super::presets::{PresetKey, PresetsStore};
 use super::traversal::{Mac, Spans, unpack, walk};
-use super::tree::{Cell, MOMENT_VALUES, NotSorted, SortedParticles, Tree};
+use super::tree::{Cell, CellsOverflow, MOMENT_VALUES, NotSorted, SortedParticles, Tree};
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, SolverStat, check_finite};
 use crate::particles::Particles;
@@ -249,6 +249,21 @@ pub trait DeviceTree {
     ) -> Result<Option<DeviceLists>, GravityError> {
         Ok(None)
     }
+
+    /// Splits the particles it sorted into cells there (at most `leaf_size` a leaf, the
+    /// cells of `Tree::build_cells`) and hands them to `tree` (`Tree::adopt_cells`);
+    /// `Ok(Err(..))` when they need more than `cap` cells. Asked only by
+    /// `FmmSolver::plan_split`.
+    fn split_cells(
+        &mut self,
+        _tree: &mut Tree,
+        _leaf_size: usize,
+        _cap: usize,
+    ) -> Result<Result<(), CellsOverflow>, GravityError> {
+        Err(GravityError::Device(
+            "this device does not split cells; plan with plan_sorted".into(),
+        ))
+    }
 }
 
 /// The sizes of lists a `DeviceTree` walked and keeps.
@@ -275,6 +290,9 @@ enum TreeInput<'a> {
         sorted: &'a mut SortedParticles,
         device: Option<&'a mut dyn DeviceTree>,
     },
+    /// Sorted and split into cells on `device`, which keeps the particles and hands over
+    /// the cells, computes their moments and may walk.
+    Split { device: &'a mut dyn DeviceTree },
 }
 
 /// How one evaluation differs from the plain single-rank one (`Default`).
@@ -529,6 +547,21 @@ impl FmmSolver {
         Ok(stats)
     }
 
+    /// As `plan_sorted`, for particles that `device` sorted and splits into cells itself:
+    /// only the cells come here (`DeviceTree::split_cells`).
+    pub fn plan_split(
+        &mut self,
+        id: &[u64],
+        device: &mut dyn DeviceTree,
+    ) -> Result<FmmStats, GravityError> {
+        let mut stats = FmmStats::default();
+        let input = TreeInput::Split { device };
+        self.build_lists(input, id, Evaluation::default(), false, &mut stats)?;
+        self.tracker.settle(&stats.used);
+        self.record_presets(id.len());
+        Ok(stats)
+    }
+
     /// Builds the tree (with multipoles when `host_upward`, which an exchange with other
     /// ranks needs), imports the other ranks' trees from `with.remote`, and walks the lists
     /// for the cells holding `with.active` particles, growing the caps and retrying until
@@ -560,20 +593,30 @@ impl FmmSolver {
             .give_back(std::mem::take(&mut self.p2p.sources));
         // Particles sorted elsewhere are taken once; a retry for more cells only splits again.
         let t0 = Instant::now();
-        let (unsorted, mut device_tree, reordered) = match input {
-            TreeInput::Unsorted { pos, mass } => (Some((pos, mass)), None, false),
+        let (unsorted, mut device_tree, reordered, split_there) = match input {
+            TreeInput::Unsorted { pos, mass } => (Some((pos, mass)), None, false, false),
             TreeInput::Sorted { sorted, device } => {
                 let reordered = self.tree.adopt_sorted(sorted, id)?;
-                (None, device, reordered)
+                (None, device, reordered, false)
             }
+            TreeInput::Split { device } => (None, Some(device), false, true),
         };
         stats.seconds.tree += t0.elapsed().as_secs_f64();
         loop {
             let t0 = Instant::now();
             let (leaf_size, cap) = (self.settings.leaf_size, self.tracker.caps().cells);
-            let built = match unsorted {
-                Some((pos, mass)) => self.tree.build(pos, mass, id, cube, leaf_size, cap),
-                None => self.tree.build_cells(leaf_size, cap),
+            let built = match (unsorted, device_tree.as_mut()) {
+                (Some((pos, mass)), _) => self.tree.build(pos, mass, id, cube, leaf_size, cap),
+                (None, Some(device)) if split_there => {
+                    let split = device.split_cells(&mut self.tree, leaf_size, cap)?;
+                    if split.is_ok() && self.tree.own_particles != n {
+                        return Err(GravityError::NotSorted(NotSorted(
+                            "cells of another number of particles",
+                        )));
+                    }
+                    split
+                }
+                (None, _) => self.tree.build_cells(leaf_size, cap),
             };
             stats.seconds.tree += t0.elapsed().as_secs_f64();
             match built {

@@ -110,11 +110,70 @@ pub struct SortedParticles {
     pub mass: Vec<f64>,
 }
 
-/// `SortedParticles` that are not what they claim: arrays of different lengths, a key
-/// smaller than the one before it, or an index outside the caller's particles.
+/// `SortedParticles` that are not what they claim (arrays of different lengths, a key
+/// smaller than the one before it, or an index outside the caller's particles), or cells
+/// split elsewhere that are not a tree of them (`Tree::adopt_cells`).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("the sorted particles are not in key order or not a set of the run's particles ({0})")]
+#[error("the sorted particles or their cells are not a tree of the run's particles ({0})")]
 pub struct NotSorted(pub &'static str);
+
+/// What a pass over `n` sorted keys and their particle indices finds, for the checks of a
+/// sort made elsewhere (kernels/split.cu: sort_scan): counts of adjacent keys out of order
+/// and equal, the largest index, and the sums of the indices and of their squares modulo
+/// 2^64.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SortSummary {
+    /// Adjacent pairs with the first key larger.
+    pub out_of_order: u64,
+    /// Adjacent pairs with equal keys (runs that `adopt_sorted` orders by id).
+    pub equal_neighbours: u64,
+    /// The largest particle index.
+    pub largest: u64,
+    /// Sum of the indices, modulo 2^64.
+    pub sum: u64,
+    /// Sum of the squared indices, modulo 2^64.
+    pub squares: u64,
+}
+
+impl SortSummary {
+    /// Fails unless the keys are in order and the indices are those of `n` particles, each
+    /// once: below n, with the sums of 0..n (a sort that lost one record and wrote another
+    /// twice would have to keep both sums).
+    pub fn check(&self, n: usize) -> Result<(), NotSorted> {
+        if self.out_of_order > 0 {
+            return Err(NotSorted("keys out of order"));
+        }
+        if n > 0 && self.largest >= n as u64 {
+            return Err(NotSorted("an index past the particles"));
+        }
+        let (m, last) = (n as u128, (n as u128).saturating_sub(1));
+        if (self.sum, self.squares)
+            != (
+                (m * last / 2) as u64,
+                (last * m * (2 * last + 1) / 6) as u64,
+            )
+        {
+            return Err(NotSorted("an index twice"));
+        }
+        Ok(())
+    }
+}
+
+/// A tree's cells as columns (breadth first), the form a device splits them in
+/// (`Tree::adopt_cells`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct CellColumns {
+    /// Each cell's first particle.
+    pub begin: Vec<u32>,
+    /// One past each cell's last particle.
+    pub end: Vec<u32>,
+    /// Each cell's first child (0 for a leaf).
+    pub first_child: Vec<u32>,
+    /// Each cell's number of children.
+    pub child_count: Vec<u32>,
+    /// Where each level's cells start, then the number of cells.
+    pub level_start: Vec<usize>,
+}
 
 /// Values of a cell's moments as `Tree::set_moments` takes them: mass, centre (3), r_max.
 pub const MOMENT_VALUES: usize = 5;
@@ -211,21 +270,14 @@ impl Tree {
         // sort that lost one record and wrote another twice would have to keep both sums),
         // and where the runs of equal keys start.
         let scan = SortScan::of(&sorted.keys, &sorted.order);
-        if scan.out_of_order {
-            return Err(NotSorted("keys out of order"));
+        SortSummary {
+            out_of_order: u64::from(scan.out_of_order),
+            equal_neighbours: 0,
+            largest: u64::from(scan.largest),
+            sum: scan.sum,
+            squares: scan.squares,
         }
-        if n > 0 && scan.largest as usize >= n {
-            return Err(NotSorted("an index past the particles"));
-        }
-        let (m, last) = (n as u128, (n as u128).saturating_sub(1));
-        if (scan.sum, scan.squares)
-            != (
-                (m * last / 2) as u64,
-                (last * m * (2 * last + 1) / 6) as u64,
-            )
-        {
-            return Err(NotSorted("an index twice"));
-        }
+        .check(n)?;
         let cube = sorted.cube.ok_or(NotSorted("no cube"))?;
         std::mem::swap(&mut self.keys, &mut sorted.keys);
         std::mem::swap(&mut self.order, &mut sorted.order);
@@ -344,8 +396,13 @@ impl Tree {
         self.level_start.push(self.cells.len());
         self.own_cells = self.cells.len();
         self.own_particles = n;
-        // Leaves in particle order (every leaf's range follows the previous one's): depth
-        // first, children in octant order, which is their particles' order.
+        self.list_leaves();
+        Ok(())
+    }
+
+    /// Lists the leaves in particle order (every leaf's range follows the previous one's):
+    /// depth first, children in octant order, which is their particles' order.
+    fn list_leaves(&mut self) {
         self.leaves.clear();
         let mut stack = vec![0u32];
         while let Some(c) = stack.pop() {
@@ -356,6 +413,114 @@ impl Tree {
                 stack.extend(cell.children().rev());
             }
         }
+    }
+
+    /// This tree's own cells as columns (`adopt_cells` takes them back).
+    pub fn cell_columns(&self) -> CellColumns {
+        let own = &self.cells[..self.own_cells];
+        CellColumns {
+            begin: own.iter().map(|c| c.begin).collect(),
+            end: own.iter().map(|c| c.end).collect(),
+            first_child: own.iter().map(|c| c.first_child).collect(),
+            child_count: own.iter().map(|c| u32::from(c.child_count)).collect(),
+            level_start: self.level_start.clone(),
+        }
+    }
+
+    /// Takes the cells a device split `n` sorted particles into (in `cube`, at most
+    /// `leaf_size` particles a leaf) as this tree's, the particles staying there: no keys,
+    /// order, positions or masses here, the moments to come from there
+    /// (`Tree::set_moments`). Fails unless the columns form the tree `build_cells` makes of
+    /// some sorted particles: the root holds all n, every level's children are the next
+    /// level's cells in their parents' order, each cell's children split its range into
+    /// consecutive non-empty ranges, and a cell splits exactly when it holds more than
+    /// `leaf_size` above the deepest level. (Where the splits fall is the device's word.)
+    pub fn adopt_cells(
+        &mut self,
+        cube: BoundingCube,
+        n: usize,
+        columns: &CellColumns,
+        leaf_size: usize,
+    ) -> Result<(), NotSorted> {
+        let CellColumns {
+            begin,
+            end,
+            first_child,
+            child_count,
+            level_start,
+        } = columns;
+        let cells = begin.len();
+        let bad = |why| Err(NotSorted(why));
+        if [end.len(), first_child.len(), child_count.len()] != [cells; 3] {
+            return bad("cell columns of different lengths");
+        }
+        if cells == 0
+            || level_start.first() != Some(&0)
+            || level_start.last() != Some(&cells)
+            || !level_start.is_sorted()
+            || level_start.len() > MAX_LEVEL as usize + 2
+        {
+            return bad("levels that do not cover the cells");
+        }
+        if (begin[0], end[0]) != (0, n as u32) || n > u32::MAX as usize {
+            return bad("a root that does not hold every particle");
+        }
+        let leaf_size = leaf_size.max(1);
+        self.cells.clear();
+        self.cells.reserve(cells);
+        self.cells.push(Cell {
+            begin: 0,
+            end: n as u32,
+            ..Cell::default()
+        });
+        for level in 0..level_start.len() - 1 {
+            let mut next = level_start[level + 1];
+            for c in level_start[level]..level_start[level + 1] {
+                let (count, children) = (end[c].wrapping_sub(begin[c]), child_count[c]);
+                let splits = count as usize > leaf_size && (level as u32) < MAX_LEVEL;
+                if splits != (children > 0) || children > 8 {
+                    return bad("a cell split against the leaf size");
+                }
+                let (first, stop) = (next, next + children as usize);
+                if children > 0 && (first_child[c] as usize != first || stop > cells) {
+                    return bad("children out of their parents' order");
+                }
+                let mut at = begin[c];
+                for child in first..stop {
+                    if begin[child] != at || end[child] <= at {
+                        return bad("children that do not split their parent's particles");
+                    }
+                    at = end[child];
+                    self.cells.push(Cell {
+                        begin: begin[child],
+                        end: end[child],
+                        level: level as u8 + 1,
+                        parent: c as u32,
+                        ..Cell::default()
+                    });
+                }
+                if children > 0 && at != end[c] {
+                    return bad("children that do not split their parent's particles");
+                }
+                let cell = &mut self.cells[c];
+                cell.first_child = if children > 0 { first as u32 } else { 0 };
+                cell.child_count = children as u8;
+                next = stop;
+            }
+            if next != level_start[(level + 2).min(level_start.len() - 1)] {
+                return bad("a level whose cells are not the children of the one above");
+            }
+        }
+        self.level_start.clone_from(level_start);
+        self.own_cells = cells;
+        self.own_particles = n;
+        self.list_leaves();
+        self.order.clear();
+        self.keys.clear();
+        self.pos.clear();
+        self.mass.clear();
+        self.eps.clear();
+        self.cube = Some(cube);
         Ok(())
     }
 
@@ -805,6 +970,83 @@ mod tests {
             order,
         };
         (sorted, id)
+    }
+
+    #[test]
+    fn adopted_cells_are_the_split_cells_and_bad_ones_are_refused() {
+        let (mut sorted, id) = sorted_cloud(5000);
+        let cube = sorted.cube.unwrap();
+        let mut host = Tree::default();
+        host.adopt_sorted(&mut sorted, &id).unwrap();
+        host.build_cells(8, usize::MAX).unwrap();
+        let good = host.cell_columns();
+        let mut t = Tree::default();
+        t.adopt_cells(cube, 5000, &good, 8).unwrap();
+        assert_eq!(t.cells, host.cells);
+        assert_eq!(t.level_start, host.level_start);
+        assert_eq!(t.leaves, host.leaves);
+        assert_eq!((t.own_cells, t.own_particles), (host.cells.len(), 5000));
+        assert!(t.order.is_empty() && t.keys.is_empty() && t.pos.is_empty());
+        assert_eq!(t.cell_columns(), good);
+        // One change each, and the check that catches it.
+        let parent = host.cells.iter().position(|c| c.child_count >= 2).unwrap();
+        let first = host.cells[parent].first_child as usize;
+        type Change = Box<dyn Fn(&mut CellColumns)>;
+        let cases: Vec<(Change, usize, usize, &str)> = vec![
+            (
+                Box::new(|c| c.end.pop().map(drop).unwrap()),
+                5000,
+                8,
+                "cell columns of different lengths",
+            ),
+            (
+                Box::new(|c| c.level_start.pop().map(drop).unwrap()),
+                5000,
+                8,
+                "levels that do not cover the cells",
+            ),
+            (
+                Box::new(|_| ()),
+                4999,
+                8,
+                "a root that does not hold every particle",
+            ),
+            (
+                Box::new(|_| ()),
+                5000,
+                9,
+                "a cell split against the leaf size",
+            ),
+            (
+                Box::new(move |c| c.end[first] -= 1),
+                5000,
+                8,
+                "children that do not split their parent's particles",
+            ),
+            (
+                Box::new(move |c| c.begin[first + 1] -= 1),
+                5000,
+                8,
+                "children that do not split their parent's particles",
+            ),
+            (
+                Box::new(move |c| c.first_child[parent] += 1),
+                5000,
+                8,
+                "children out of their parents' order",
+            ),
+            (
+                Box::new(move |c| c.child_count[parent] -= 1),
+                5000,
+                8,
+                "children that do not split their parent's particles",
+            ),
+        ];
+        for (change, n, leaf_size, why) in cases {
+            let mut bad = good.clone();
+            change(&mut bad);
+            assert_eq!(t.adopt_cells(cube, n, &bad, leaf_size), Err(NotSorted(why)));
+        }
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! M2L, L2L per level, L2P and P2P. Either the plan's positions go up and the forces come
 //! down (`evaluate`), or the particles live on the device for the whole run
 //! (`DeviceState`): they are keyed and sorted into tree order there (`sort_resident`: the
-//! host gets the sorted keys and order and splits the cells), the cells' moments are
+//! host gets five sums of the sort to check) and split into cells there (`split_cells`:
+//! the host gets the cells; or, when a run of equal keys is too long for the device to
+//! order by id, `download_sorted` and the host splits), the cells' moments are
 //! computed there (`cell_moments`: the host gets each cell's mass, centre and radius), the
 //! tree is walked there (`walk`: the lists stay for the passes), the particles are gathered
 //! into tree order and the forces scattered back (`evaluate_resident`), and the kick and
@@ -18,12 +20,16 @@ use super::memory::{DeviceLengths, M2L_THREADS, THREADS_PER_BLOCK, resident_f64_
 use super::nvrtc::{KernelError, compile_all};
 use super::sort::{
     ANCESTOR_THREADS, BOUNDS_BLOCKS, BOUNDS_FIELDS, BOUNDS_THREADS, LEVEL_SLOTS, OFFSETS_THREADS,
-    RADIX_BITS, RADIX_THREADS, WALK_CHUNK, WALK_RING_BYTES, cube_of_bounds, sort_blocks,
+    RADIX_BITS, RADIX_THREADS, SCAN_BLOCKS, SCAN_THREADS, SCAN_VALUES, WALK_CHUNK, WALK_RING_BYTES,
+    cube_of_bounds, sort_blocks,
 };
 use crate::fmm::caps::Caps;
+use crate::fmm::morton::BoundingCube;
 use crate::fmm::solver::{DeviceForces, DeviceLists, DevicePasses, DevicePlan, DeviceSeconds};
 use crate::fmm::traversal::Mac;
-use crate::fmm::tree::{MOMENT_VALUES, SortedParticles, Tree};
+use crate::fmm::tree::{
+    CellColumns, CellsOverflow, MOMENT_VALUES, SortSummary, SortedParticles, Tree,
+};
 use crate::gravity::GravityError;
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
 use crate::integrate::diagnostics::CONSERVED_SUMS;
@@ -79,6 +85,9 @@ pub struct GpuFmm {
     moments: Option<MomentsBuffers>,
     /// Kept between walks (`walk`).
     walking: Option<WalkBuffers>,
+    /// The number of cells whose columns the last `split_cells` left in the moments
+    /// buffers (none since the last sort): `cell_moments` uses them instead of uploading.
+    split: Option<usize>,
 }
 
 /// The loaded kernels.
@@ -105,6 +114,10 @@ struct Kernels {
     ancestor_r2: CudaFunction,
     finish_moments: CudaFunction,
     walk_level: CudaFunction,
+    sort_scan: CudaFunction,
+    order_runs: CudaFunction,
+    split_count: CudaFunction,
+    split_write: CudaFunction,
 }
 
 /// A run's particle state on the device (design §7), in the run's particle order: what the
@@ -120,6 +133,27 @@ pub struct DeviceState {
     block_max: CudaSlice<f64>,
     partial: CudaSlice<f64>,
     component: CudaSlice<u8>,
+    /// The particles' ids, which order runs of equal keys.
+    id: CudaSlice<u64>,
+}
+
+/// What `GpuFmm::sort_resident` found.
+#[derive(Debug, Clone, Copy)]
+pub struct DeviceSort {
+    /// The particles' bounding cube, which the keys refer to.
+    pub cube: BoundingCube,
+    /// The sort's sums, for `SortSummary::check`.
+    pub summary: SortSummary,
+    /// False when a run of equal keys was too long for the device to order by id
+    /// (`RUN_LIMIT` in split.cu): the host must (`download_sorted`, `Tree::adopt_sorted`).
+    pub runs_ordered: bool,
+}
+
+impl DeviceState {
+    /// How many particles it holds.
+    pub fn particles(&self) -> usize {
+        self.n
+    }
 }
 
 /// Growth of a device buffer that is too small: like the caps', so that a run reallocates
@@ -195,6 +229,10 @@ struct SortBuffers {
     counts: Reused<u32>,
     pos: Reused<f64>,
     mass: Reused<f64>,
+    /// `sort_scan`'s sums for the checks.
+    scan: Reused<u64>,
+    /// Runs of equal keys too long for `order_equal_runs`.
+    long_runs: Reused<u32>,
 }
 
 impl SortBuffers {
@@ -207,6 +245,8 @@ impl SortBuffers {
             counts: Reused::new(stream, RADIX_THREADS as usize * sort_blocks(n))?,
             pos: Reused::new(stream, 3 * n)?,
             mass: Reused::new(stream, n)?,
+            scan: Reused::new(stream, SCAN_VALUES)?,
+            long_runs: Reused::new(stream, 1)?,
         })
     }
 
@@ -240,6 +280,8 @@ struct MomentsBuffers {
     centre: Reused<f64>,
     r2: Reused<u64>,
     out: Reused<f64>,
+    /// Per cell of a level, its children, then their prefix sums (`split_cells`).
+    split_counts: Reused<u32>,
 }
 
 impl MomentsBuffers {
@@ -258,7 +300,20 @@ impl MomentsBuffers {
             centre: Reused::new(stream, 3 * cells)?,
             r2: Reused::new(stream, cells)?,
             out: Reused::new(stream, MOMENT_VALUES * cells)?,
+            split_counts: Reused::new(stream, cells + 1)?,
         })
+    }
+
+    /// The per-cell columns of the tree's structure: range, first child, child count,
+    /// parent.
+    fn cell_columns(&mut self) -> [&mut Reused<u32>; 5] {
+        [
+            &mut self.begin,
+            &mut self.end,
+            &mut self.first_child,
+            &mut self.child_count,
+            &mut self.parent,
+        ]
     }
 
     /// Room for `cells` cells over `n` particles in `levels` levels.
@@ -527,6 +582,10 @@ impl GpuFmm {
             ancestor_r2: function("moments.cu", "ancestor_r2")?,
             finish_moments: function("moments.cu", "finish_moments")?,
             walk_level: function("walk.cu", "walk_level")?,
+            sort_scan: function("split.cu", "sort_scan")?,
+            order_runs: function("split.cu", "order_equal_runs")?,
+            split_count: function("split.cu", "split_count")?,
+            split_write: function("split.cu", "split_write")?,
         };
         Ok(GpuFmm {
             stream: ctx.default_stream(),
@@ -536,6 +595,7 @@ impl GpuFmm {
             sorting: None,
             moments: None,
             walking: None,
+            split: None,
         })
     }
 
@@ -698,8 +758,10 @@ impl GpuFmm {
             .map(|c| c.index() as u8)
             .collect();
         let mut component_buf = stream.alloc_zeros::<u8>(n.max(1))?;
+        let mut id = stream.alloc_zeros::<u64>(n.max(1))?;
         if n > 0 {
             stream.memcpy_htod(&component, &mut component_buf)?;
+            stream.memcpy_htod(&particles.id, &mut id)?;
         }
         Ok(DeviceState {
             n,
@@ -711,6 +773,7 @@ impl GpuFmm {
             block_max: stream.alloc_zeros::<f64>(block_max)?,
             partial: stream.alloc_zeros::<f64>(partial)?,
             component: component_buf,
+            id,
         })
     }
 
@@ -805,17 +868,14 @@ impl GpuFmm {
     }
 
     /// The particles of `state` keyed and sorted into tree order on the device (design §5
-    /// steps 1–2, kernels/keys.cu), downloaded into `out` for the host to split into cells
-    /// (`FmmSolver::plan_sorted`): the cube, the keys, the order, and with `with_particles`
-    /// the positions and masses in that order (without, they stay on the device for
-    /// `cell_moments`, and `out` gets none). `false`, with `out` untouched, when a position
-    /// or mass is not finite (the caller names the particle from the host's copy).
-    pub fn sort_resident(
-        &mut self,
-        state: &DeviceState,
-        out: &mut SortedParticles,
-        with_particles: bool,
-    ) -> Result<bool, GpuError> {
+    /// steps 1–2, kernels/keys.cu; runs of equal keys in id order, kernels/split.cu:
+    /// order_equal_runs), the keys, order, positions and masses kept there for
+    /// `split_cells` and `cell_moments` (or `download_sorted`): their cube, the summary of
+    /// the sort the host checks (kernels/split.cu: sort_scan; `SortSummary::check`), and
+    /// whether the runs are ordered. `None` when a position or mass is not finite (the
+    /// caller names the particle from the host's copy).
+    pub fn sort_resident(&mut self, state: &DeviceState) -> Result<Option<DeviceSort>, GpuError> {
+        self.split = None;
         let (n, n32) = (state.n, state.n as u32);
         let stream = self.stream.clone();
         let s = match &mut self.sorting {
@@ -841,7 +901,7 @@ impl GpuFmm {
         let bounds = stream.clone_dtoh(&s.bounds)?;
         stream.synchronize()?;
         let Some(cube) = cube_of_bounds(&bounds) else {
-            return Ok(false);
+            return Ok(None);
         };
         let [lo_x, lo_y, lo_z] = cube.lo;
         let scale = cube.scale();
@@ -895,20 +955,86 @@ impl GpuFmm {
             // SAFETY: as above, for radix_scatter; every output position is below n.
             unsafe { launch.launch(config(blocks, RADIX_THREADS)) }?;
         }
-        let mut launch = stream.launch_builder(&k.gather);
+        s.scan.zero(&stream, SCAN_VALUES)?;
+        let mut launch = stream.launch_builder(&k.sort_scan);
         launch
-            .arg(&state.pos)
-            .arg(&state.mass)
+            .arg(&keys_a.buf)
             .arg(&index_a.buf)
             .arg(&n32)
-            .arg(&mut s.pos.buf)
-            .arg(&mut s.mass.buf);
-        // SAFETY: as above, for gather_tree_order; every buffer holds n.
-        unsafe { launch.launch(grid(n)) }?;
+            .arg(&mut s.scan.buf);
+        // SAFETY: as above, for sort_scan; `scan` holds SCAN_VALUES zeroes.
+        unsafe { launch.launch(config(SCAN_BLOCKS, SCAN_THREADS)) }?;
+        let scan = stream.clone_dtoh(&s.scan.buf.slice(0..SCAN_VALUES))?;
+        stream.synchronize()?;
+        let summary = SortSummary {
+            out_of_order: scan[0],
+            equal_neighbours: scan[1],
+            largest: scan[2],
+            sum: scan[3],
+            squares: scan[4],
+        };
+        // What the checks reject is not read through (an index past the particles).
+        let valid = summary.check(n).is_ok();
+        let mut runs_ordered = true;
+        if valid && summary.equal_neighbours > 0 {
+            s.long_runs.zero(&stream, 1)?;
+            let mut launch = stream.launch_builder(&k.order_runs);
+            launch
+                .arg(&keys_a.buf)
+                .arg(&state.id)
+                .arg(&n32)
+                .arg(&mut index_a.buf)
+                .arg(&mut s.long_runs.buf);
+            // SAFETY: as above, for order_equal_runs; keys, ids and indices hold n.
+            unsafe { launch.launch(grid(n)) }?;
+            runs_ordered = stream.clone_dtoh(&s.long_runs.buf.slice(0..1))?[0] == 0;
+        }
+        if valid {
+            let mut launch = stream.launch_builder(&k.gather);
+            launch
+                .arg(&state.pos)
+                .arg(&state.mass)
+                .arg(&index_a.buf)
+                .arg(&n32)
+                .arg(&mut s.pos.buf)
+                .arg(&mut s.mass.buf);
+            // SAFETY: as above, for gather_tree_order; every buffer holds n, every index is
+            // below n.
+            unsafe { launch.launch(grid(n)) }?;
+            stream.synchronize()?;
+        }
+        Ok(Some(DeviceSort {
+            cube,
+            summary,
+            runs_ordered,
+        }))
+    }
+
+    /// The keys and order of `state`'s last `sort_resident` (in `cube`) downloaded into
+    /// `out`, for the host to split into cells (`FmmSolver::plan_sorted`), and with
+    /// `with_particles` the positions and masses in that order (without, they stay on the
+    /// device for `cell_moments`, and `out` gets none).
+    pub fn download_sorted(
+        &self,
+        state: &DeviceState,
+        cube: BoundingCube,
+        out: &mut SortedParticles,
+        with_particles: bool,
+    ) -> Result<(), GpuError> {
+        let n = state.n;
+        let stream = &self.stream;
+        let s = self.sorting.as_ref().ok_or_else(|| {
+            GpuError::Unsupported("a download of the sort before the sort".into())
+        })?;
+        if s.keys[0].buf.len() < n {
+            return Err(GpuError::Unsupported(
+                "a download of a sort of fewer particles".into(),
+            ));
+        }
         out.keys.resize(n, 0);
         out.order.resize(n, 0);
-        stream.memcpy_dtoh(&keys_a.buf.slice(0..n), &mut out.keys[..])?;
-        stream.memcpy_dtoh(&index_a.buf.slice(0..n), &mut out.order[..])?;
+        stream.memcpy_dtoh(&s.keys[0].buf.slice(0..n), &mut out.keys[..])?;
+        stream.memcpy_dtoh(&s.index[0].buf.slice(0..n), &mut out.order[..])?;
         if with_particles {
             out.pos.resize(n, [0.0; 3]);
             out.mass.resize(n, 0.0);
@@ -920,14 +1046,124 @@ impl GpuFmm {
         }
         stream.synchronize()?;
         out.cube = Some(cube);
-        Ok(true)
+        Ok(())
+    }
+
+    /// The particles of `state`'s last `sort_resident` split into cells on the device
+    /// (kernels/split.cu, level by level: counts, prefix sums, writes): at most
+    /// `leaf_size` a leaf, the cells of `Tree::build_cells` in its numbering, their columns
+    /// downloaded into `out` (16 bytes a cell) and kept for `cell_moments`. `Ok(Err(..))`
+    /// when they need more than `cap` cells.
+    pub fn split_cells(
+        &mut self,
+        state: &DeviceState,
+        leaf_size: usize,
+        cap: usize,
+        out: &mut CellColumns,
+    ) -> Result<Result<(), CellsOverflow>, GpuError> {
+        self.split = None;
+        let n = state.n;
+        let stream = self.stream.clone();
+        let k = &self.kernels;
+        let s = self.sorting.as_ref().ok_or_else(|| {
+            GpuError::Unsupported("a split into cells before a sort into tree order".into())
+        })?;
+        if cap == 0 {
+            return Ok(Err(CellsOverflow { needed: 1 }));
+        }
+        let m = match &mut self.moments {
+            Some(m) => m,
+            None => self.moments.insert(MomentsBuffers::new(&stream, n, 1)?),
+        };
+        let leaf_size = leaf_size.clamp(1, u32::MAX as usize) as u32;
+        for column in m.cell_columns() {
+            column.room(&stream, 1)?;
+        }
+        m.begin.upload(&stream, &[0])?;
+        m.end.upload(&stream, &[n as u32])?;
+        m.parent.upload(&stream, &[0])?;
+        let mut level_start = vec![0usize];
+        let (mut first, mut cells) = (0usize, 1usize);
+        for level in 0u32.. {
+            let count = cells - first;
+            m.split_counts.room(&stream, count + 1)?;
+            m.split_counts.zero(&stream, count + 1)?;
+            let (first32, count32) = (first as u32, count as u32);
+            let mut launch = stream.launch_builder(&k.split_count);
+            launch
+                .arg(&first32)
+                .arg(&count32)
+                .arg(&level)
+                .arg(&leaf_size)
+                .arg(&s.keys[0].buf)
+                .arg(&m.begin.buf)
+                .arg(&m.end.buf)
+                .arg(&mut m.split_counts.buf);
+            // SAFETY: the arguments match split_count's signature; the level's cells are
+            // below `cells`, and the counts hold count + 1.
+            unsafe { launch.launch(grid(count)) }?;
+            let len = count32 + 1;
+            let mut launch = stream.launch_builder(&k.radix_offsets);
+            launch.arg(&mut m.split_counts.buf).arg(&len);
+            // SAFETY: radix_offsets scans `len` counts in place (one block).
+            unsafe {
+                launch.launch(LaunchConfig {
+                    grid_dim: (1, 1, 1),
+                    block_dim: (OFFSETS_THREADS, 1, 1),
+                    shared_mem_bytes: 0,
+                })
+            }?;
+            let children =
+                stream.clone_dtoh(&m.split_counts.buf.slice(count..count + 1))?[0] as usize;
+            if cells + children > cap {
+                return Ok(Err(CellsOverflow { needed: cap + 1 }));
+            }
+            for column in m.cell_columns() {
+                column.room_keeping(&stream, cells + children, cells)?;
+            }
+            let mut launch = stream.launch_builder(&k.split_write);
+            launch
+                .arg(&first32)
+                .arg(&count32)
+                .arg(&level)
+                .arg(&leaf_size)
+                .arg(&s.keys[0].buf)
+                .arg(&m.split_counts.buf)
+                .arg(&mut m.begin.buf)
+                .arg(&mut m.end.buf)
+                .arg(&mut m.first_child.buf)
+                .arg(&mut m.child_count.buf)
+                .arg(&mut m.parent.buf);
+            // SAFETY: as above, for split_write; the columns hold the next level's cells.
+            unsafe { launch.launch(grid(count)) }?;
+            if children == 0 {
+                break;
+            }
+            first = cells;
+            cells += children;
+            level_start.push(first);
+        }
+        level_start.push(cells);
+        for (column, to) in [
+            (&m.begin, &mut out.begin),
+            (&m.end, &mut out.end),
+            (&m.first_child, &mut out.first_child),
+            (&m.child_count, &mut out.child_count),
+        ] {
+            to.resize(cells, 0);
+            stream.memcpy_dtoh(&column.buf.slice(0..cells), &mut to[..])?;
+        }
+        stream.synchronize()?;
+        out.level_start = level_start;
+        self.split = Some(cells);
+        Ok(Ok(()))
     }
 
     /// Mass, centre and r_max of every cell of `tree` (kernels/moments.cu: the values of
     /// `Tree::compute_moments`, bit for bit) into `out`, from the particles the last
     /// `sort_resident` of `state` left on the device in tree order; with `reordered` they
     /// are first put into `tree.order` (the host reordered equal keys). Only the cells go
-    /// up and their five values come back.
+    /// up (none when `split_cells` made them there) and their five values come back.
     pub fn cell_moments(
         &mut self,
         state: &DeviceState,
@@ -966,15 +1202,18 @@ impl GpuFmm {
             None => self.moments.insert(MomentsBuffers::new(&stream, n, cells)?),
         };
         m.fit(&stream, n, cells, levels)?;
-        let column = |f: fn(&crate::fmm::tree::Cell) -> u32| -> Vec<u32> {
-            tree.cells.iter().map(f).collect()
-        };
-        m.begin.upload(&stream, &column(|c| c.begin))?;
-        m.end.upload(&stream, &column(|c| c.end))?;
-        m.first_child.upload(&stream, &column(|c| c.first_child))?;
-        m.child_count
-            .upload(&stream, &column(|c| u32::from(c.child_count)))?;
-        m.parent.upload(&stream, &column(|c| c.parent))?;
+        // Cells split here are there already (`Tree::adopt_cells` checked them).
+        if self.split != Some(cells) {
+            let column = |f: fn(&crate::fmm::tree::Cell) -> u32| -> Vec<u32> {
+                tree.cells.iter().map(f).collect()
+            };
+            m.begin.upload(&stream, &column(|c| c.begin))?;
+            m.end.upload(&stream, &column(|c| c.end))?;
+            m.first_child.upload(&stream, &column(|c| c.first_child))?;
+            m.child_count
+                .upload(&stream, &column(|c| u32::from(c.child_count)))?;
+            m.parent.upload(&stream, &column(|c| c.parent))?;
+        }
         m.leaves.upload(&stream, &tree.leaves)?;
         let level_start: Vec<u32> = tree.level_start.iter().map(|&l| l as u32).collect();
         m.level_start.upload(&stream, &level_start)?;

@@ -19,7 +19,7 @@ pub fn kernel_cache() -> Option<std::path::PathBuf> {
 
 /// The kernel sources, embedded: (file name, text). Headers (`.cuh`) are spliced into the
 /// sources that include them before compilation (`expand_includes`).
-pub const SOURCES: [(&str, &str); 8] = [
+pub const SOURCES: [(&str, &str); 9] = [
     ("common.cuh", include_str!("../../kernels/common.cuh")),
     (
         "expansions.cuh",
@@ -31,6 +31,7 @@ pub const SOURCES: [(&str, &str); 8] = [
     ("keys.cu", include_str!("../../kernels/keys.cu")),
     ("moments.cu", include_str!("../../kernels/moments.cu")),
     ("walk.cu", include_str!("../../kernels/walk.cu")),
+    ("split.cu", include_str!("../../kernels/split.cu")),
 ];
 
 /// The compilation units (`.cu` files) among `SOURCES`.

@@ -1,21 +1,23 @@
-//! The GPU force solver of a run: the host builds the tree (and, unless the particles
-//! are resident, the lists) each step (`FmmSolver::plan`), the device runs the passes
-//! (`GpuFmm`). Design §7's pipeline: with
-//! the particles resident on the device (`ResidentState`, the global scheme), the device
-//! keys and sorts them into tree order, the sorted keys come back for the host to split
-//! into cells, the cells go over for the device to compute their moments and walk the tree
-//! (the moments come back; the lists stay there, unless the device's walk gives up on a
-//! step and the host walks); otherwise (`compute`, and the block scheme's sub-steps with
-//! lists for the active particles' cells only) positions go up and forces come down.
+//! The GPU force solver of a run (design §7's pipeline). With the particles resident on the
+//! device (`ResidentState`, the global scheme), the device keys and sorts them into tree
+//! order and splits them into cells (the sort's sums and the cells come back for the host
+//! to check; when a run of equal keys is too long for the device to order by id, the keys
+//! and order come back instead for the host to order it and split), computes the cells'
+//! moments and walks the tree (the moments come back; the lists stay there, unless the
+//! device's walk gives up on a step and the host walks), and runs the passes. Otherwise
+//! (`compute`, and the block scheme's sub-steps with lists for the active particles' cells
+//! only) the host builds the tree and lists (`FmmSolver::plan`), positions go up and
+//! forces come down.
 
 use super::device::{DeviceState, GpuError, GpuFmm};
 use crate::fmm::FmmSolver;
 use crate::fmm::caps::Caps;
+use crate::fmm::morton::BoundingCube;
 use crate::fmm::solver::{
     DeviceLists, DevicePlan, DeviceSeconds, DeviceTree, Evaluation, FmmStats,
 };
 use crate::fmm::traversal::Mac;
-use crate::fmm::tree::{MOMENT_VALUES, SortedParticles, Tree};
+use crate::fmm::tree::{CellColumns, CellsOverflow, MOMENT_VALUES, SortedParticles, Tree};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, ResidentState, check_finite};
 use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
@@ -27,9 +29,11 @@ pub struct GpuSolver {
     device: GpuFmm,
     /// The run's particles on the device, once `ResidentState::load`ed.
     state: Option<DeviceState>,
-    /// The device's sort of them into tree order, on its way to the host's tree (buffers
-    /// swapped with the tree's each step).
+    /// The device's sort of them into tree order, on its way to the host's tree when equal
+    /// keys need ordering by id (buffers swapped with the tree's each step).
     sorted: SortedParticles,
+    /// The device's split of them into cells, on its way to the host's tree.
+    columns: CellColumns,
     /// False once the host has rejected a device sort: the host sorts from then on.
     sort_on_device: bool,
     /// True once the warning that the device's walk gave up was said.
@@ -51,6 +55,7 @@ impl GpuSolver {
             device,
             state: None,
             sorted: SortedParticles::default(),
+            columns: CellColumns::default(),
             sort_on_device: true,
             walk_declined_said: false,
             warnings: Vec::new(),
@@ -75,8 +80,10 @@ impl GpuSolver {
     }
 
     /// The plan from the device's sort of the resident particles into tree order, its
-    /// moments of the host's cells and its walk; `None` when the host rejects that sort
-    /// (then, with a warning, the host sorts from now on: a fault of the device sort costs
+    /// split into cells (or the host's, when a run of equal keys was too long for the
+    /// device to order by id), its moments
+    /// of the cells and its walk; `None` when the host rejects that sort or split (then,
+    /// with a warning, the host sorts from now on: a fault of the device's tree costs
     /// speed, not the run).
     fn plan_device_sorted(
         &mut self,
@@ -84,11 +91,8 @@ impl GpuSolver {
     ) -> Result<Option<FmmStats>, GravityError> {
         let state = self.state.as_ref().ok_or_else(not_loaded)?;
         let t0 = Instant::now();
-        let finite = self
-            .device
-            .sort_resident(state, &mut self.sorted, false)
-            .map_err(device_error)?;
-        if !finite {
+        let sorted = self.device.sort_resident(state).map_err(device_error)?;
+        let Some(sort) = sorted else {
             // The host's copy names the particle (its masses are the device's).
             self.device
                 .positions(state, &mut particles.pos)
@@ -97,17 +101,33 @@ impl GpuSolver {
             return Err(GravityError::Device(
                 "a position on the device is not finite".into(),
             ));
+        };
+        let checked = sort.summary.check(state.particles());
+        // Runs of equal keys too long for the device are ordered by id on the host, from
+        // the downloaded sort.
+        let host_splits = checked.is_ok() && !sort.runs_ordered;
+        if host_splits {
+            self.device
+                .download_sorted(state, sort.cube, &mut self.sorted, false)
+                .map_err(device_error)?;
         }
         let sorting = t0.elapsed().as_secs_f64();
         let mut walk_declined = false;
         let mut on_device = OnDevice {
             device: &mut self.device,
             state,
+            cube: sort.cube,
+            columns: &mut self.columns,
             walk_declined: &mut walk_declined,
         };
-        let planned = self
-            .host
-            .plan_sorted(&mut self.sorted, &particles.id, Some(&mut on_device));
+        let planned = match checked {
+            Err(why) => Err(GravityError::NotSorted(why)),
+            Ok(()) if host_splits => {
+                self.host
+                    .plan_sorted(&mut self.sorted, &particles.id, Some(&mut on_device))
+            }
+            Ok(()) => self.host.plan_split(&particles.id, &mut on_device),
+        };
         if walk_declined && !self.walk_declined_said {
             self.walk_declined_said = true;
             self.warnings.push(
@@ -122,7 +142,7 @@ impl GpuSolver {
             Err(GravityError::NotSorted(why)) => {
                 self.sort_on_device = false;
                 self.warnings.push(format!(
-                    "the device's sort into tree order was rejected ({why}); the host sorts from now on"
+                    "the device's tree was rejected ({why}); the host sorts from now on"
                 ));
                 Ok(None)
             }
@@ -295,11 +315,15 @@ impl ResidentState for GpuSolver {
     }
 }
 
-/// The tree where the device sorted the particles: its cells' moments
-/// (`GpuFmm::cell_moments`) and lists (`GpuFmm::walk`) found there.
+/// The tree where the device sorted the particles: its cells (`GpuFmm::split_cells`),
+/// their moments (`GpuFmm::cell_moments`) and lists (`GpuFmm::walk`) found there.
 struct OnDevice<'a> {
     device: &'a mut GpuFmm,
     state: &'a DeviceState,
+    /// The cube of the device's sort.
+    cube: BoundingCube,
+    /// The cells on their way from the device to the host's tree.
+    columns: &'a mut CellColumns,
     /// Set when the device's walk gave up on a step (the host walked).
     walk_declined: &'a mut bool,
 }
@@ -325,6 +349,23 @@ impl DeviceTree for OnDevice<'_> {
         let lists = self.device.walk(tree, mac, caps).map_err(device_error)?;
         *self.walk_declined |= lists.is_none();
         Ok(lists)
+    }
+
+    fn split_cells(
+        &mut self,
+        tree: &mut Tree,
+        leaf_size: usize,
+        cap: usize,
+    ) -> Result<Result<(), CellsOverflow>, GravityError> {
+        let split = self
+            .device
+            .split_cells(self.state, leaf_size, cap, self.columns)
+            .map_err(device_error)?;
+        if split.is_ok() {
+            let n = self.state.particles();
+            tree.adopt_cells(self.cube, n, self.columns, leaf_size)?;
+        }
+        Ok(split)
     }
 }
 

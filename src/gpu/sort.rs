@@ -29,6 +29,13 @@ pub const WALK_CHUNK: usize = 16_384;
 /// Entries of a target's ring of opened sources (`WALK_QUEUE` in walk.cu).
 pub const WALK_QUEUE: usize = 1024;
 
+/// Threads of a `sort_scan` block (`SCAN_THREADS` in split.cu).
+pub const SCAN_THREADS: u32 = 256;
+/// Blocks of `sort_scan` (they stride over the sorted records).
+pub const SCAN_BLOCKS: u32 = 256;
+/// Values `sort_scan` writes (`SCAN_VALUES` in split.cu): `SortSummary`'s fields in order.
+pub const SCAN_VALUES: usize = 5;
+
 /// Slots for the levels' first cells (levels + 1 values): more than a tree of 21-bit keys
 /// can have (22 levels).
 pub const LEVEL_SLOTS: usize = 32;
@@ -38,7 +45,7 @@ pub const LEVEL_SLOTS: usize = 32;
 const _: () = assert!(1 << RADIX_BITS == RADIX_THREADS);
 const _: () = assert!(BOUNDS_THREADS.is_power_of_two() && OFFSETS_THREADS.is_power_of_two());
 const _: () = assert!(OFFSETS_THREADS <= 1024);
-const _: () = assert!(ANCESTOR_THREADS.is_power_of_two());
+const _: () = assert!(ANCESTOR_THREADS.is_power_of_two() && SCAN_THREADS.is_power_of_two());
 const _: () = assert!(WALK_QUEUE.is_power_of_two());
 
 /// Blocks of a radix-sort pass over `n` records.
@@ -65,22 +72,25 @@ pub fn cube_of_bounds(blocks: &[f64]) -> Option<BoundingCube> {
 
 /// Bytes of device memory the tree-order sort of `particles` particles keeps between
 /// steps: keys and indices twice (the radix sort's two sides), the positions and masses in
-/// sorted order, the digit counts of a pass and the blocks' extremes.
+/// sorted order, the digit counts of a pass, the blocks' extremes, the checks' sums and a
+/// count of runs of equal keys too long to order.
 pub fn sort_bytes(particles: usize) -> usize {
     let n = particles;
     2 * (8 + 4) * n
         + (3 + 1) * 8 * n
         + 4 * RADIX_THREADS as usize * sort_blocks(n)
         + 8 * BOUNDS_FIELDS * BOUNDS_BLOCKS as usize
+        + 8 * SCAN_VALUES
+        + 4
 }
 
 /// Bytes of device memory the cell moments (`GpuFmm::cell_moments`) keep for a tree of
 /// `cells` cells over `particles` particles: the leaf of each particle; per cell its
-/// particle range, first child, child count, parent and a leaf slot (u32 each), its mass,
-/// centre, squared radius and the five values that go back (f64 each); the levels' first
-/// cells.
+/// particle range, first child, child count, parent, a leaf slot and a count of the split
+/// (u32 each), its mass, centre, squared radius and the five values that go back (f64
+/// each); the levels' first cells.
 pub fn moments_bytes(particles: usize, cells: usize) -> usize {
-    4 * particles + (6 * 4 + (1 + 3 + 1 + 5) * 8) * cells + 4 * LEVEL_SLOTS
+    4 * particles + (7 * 4 + (1 + 3 + 1 + 5) * 8) * cells + 4 * LEVEL_SLOTS
 }
 
 /// Bytes of device memory the rings of one `walk_level` launch take (64 MiB, whatever the
@@ -131,6 +141,18 @@ mod tests {
             define::<u64>("moments.cu", "ANCESTOR_THREADS")
         );
         assert_eq!(WALK_QUEUE as u64, define::<u64>("walk.cu", "WALK_QUEUE"));
+        assert_eq!(
+            u64::from(SCAN_THREADS),
+            define::<u64>("split.cu", "SCAN_THREADS")
+        );
+        assert_eq!(SCAN_VALUES as u64, define::<u64>("split.cu", "SCAN_VALUES"));
+        assert_eq!(
+            u64::from(crate::fmm::morton::MAX_LEVEL),
+            define::<String>("split.cu", "SPLIT_MAX_LEVEL")
+                .trim_end_matches('u')
+                .parse::<u64>()
+                .unwrap()
+        );
         assert_eq!(
             crate::fmm::traversal::MAC_BAND,
             define::<f64>("walk.cu", "WALK_MAC_BAND")

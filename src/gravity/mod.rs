@@ -127,8 +127,8 @@ pub trait GravitySolver: Send {
 
 /// Particles kept on a solver's device for a whole run (design §7): once `load`ed, the
 /// device copy is the state; the integrator kicks and drifts it there, each force
-/// evaluation brings back only what the host needs to split the cells (the GPU solver: the
-/// sorted keys and order; the moments and lists are found on the device), and `store`
+/// evaluation brings back only what the host needs for its tree (the GPU solver: the cells,
+/// their moments and the sort's sums; the lists are found on the device), and `store`
 /// brings the rest back when the host reads it (snapshots, checkpoints); the diagnostics'
 /// sums are taken on the device.
 /// Masses and components never change during a run and are not brought back.
