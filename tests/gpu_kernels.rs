@@ -494,31 +494,8 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     assert_eq!(ordered, from_device.order);
     // And the solver's plan from them is the plan it makes from the positions, a retry for
     // more cells included (the sorted particles are taken once).
-    use leapfmm::fmm::caps::Caps;
-    use leapfmm::fmm::solver::{FmmSettings, FmmSolver};
     use leapfmm::gravity::GravitySolver;
-    let settings = FmmSettings {
-        leaf_size: 16,
-        ..FmmSettings::defaults(
-            Softening {
-                kernel: SofteningKernel::Spline,
-                epsilon: 0.05,
-            },
-            1.0,
-        )
-    };
-    let small = Caps {
-        cells: 3,
-        m2l_pairs: 10,
-        p2p_pairs: 10,
-        ..Caps::default()
-    };
-    let (mut a, mut b) = (
-        FmmSolver::new(settings.clone(), None),
-        FmmSolver::new(settings, None),
-    );
-    a.set_caps(small);
-    b.set_caps(small);
+    let (mut a, mut b) = two_solvers_with_small_caps();
     let mut sorted = device_sorted();
     let stats = a.plan_sorted(&mut sorted, &id, None).unwrap();
     assert!(stats.retries >= 2, "{} retries", stats.retries);
@@ -682,6 +659,40 @@ impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
         tree.adopt_cells(cube, self.pos.len(), &columns, leaf_size)?;
         Ok(Ok(()))
     }
+}
+
+/// Two solvers with leaves of up to 16 particles and caps far too small (3 cells, 10 list
+/// entries), so that their first plans retry.
+fn two_solvers_with_small_caps() -> (
+    leapfmm::fmm::solver::FmmSolver,
+    leapfmm::fmm::solver::FmmSolver,
+) {
+    use leapfmm::fmm::caps::Caps;
+    use leapfmm::fmm::solver::{FmmSettings, FmmSolver};
+    use leapfmm::gravity::GravitySolver;
+    let settings = FmmSettings {
+        leaf_size: 16,
+        ..FmmSettings::defaults(
+            Softening {
+                kernel: SofteningKernel::Spline,
+                epsilon: 0.05,
+            },
+            1.0,
+        )
+    };
+    let small = Caps {
+        cells: 3,
+        m2l_pairs: 10,
+        p2p_pairs: 10,
+        ..Caps::default()
+    };
+    let (mut a, mut b) = (
+        FmmSolver::new(settings.clone(), None),
+        FmmSolver::new(settings, None),
+    );
+    a.set_caps(small);
+    b.set_caps(small);
+    (a, b)
 }
 
 /// kernels/split.cu's order_equal_runs under the emulation over the sorted `keys` and
@@ -1703,10 +1714,7 @@ fn a_plan_from_the_devices_split_is_the_hosts_plan() {
     // Particles sorted, split, measured and walked by the device (kernels/keys.cu's order,
     // split.cu, moments.cu and walk.cu under the emulation): the host gets only the cells,
     // and its plan (retries for more cells included) is the one it makes from the positions.
-    use leapfmm::fmm::caps::Caps;
-    use leapfmm::fmm::solver::{FmmSettings, FmmSolver};
     use leapfmm::fmm::tree::Tree;
-    use leapfmm::gravity::GravitySolver;
     let n = 3000usize;
     let mut rng = rand_pcg::Pcg64::seed_from_u64(23);
     let pos = clump(&mut rng, n, 2, 10.0, 0.3);
@@ -1718,30 +1726,9 @@ fn a_plan_from_the_devices_split_is_the_hosts_plan() {
     let sorted_keys: Vec<u64> = index.iter().map(|&i| cube.key(pos[i as usize])).collect();
     assert!(
         sorted_keys.windows(2).all(|w| w[0] < w[1]),
-        "no equal keys (those the host splits)"
+        "no equal keys (this emulated device leaves their runs as sorted)"
     );
-    let settings = FmmSettings {
-        leaf_size: 16,
-        ..FmmSettings::defaults(
-            Softening {
-                kernel: SofteningKernel::Spline,
-                epsilon: 0.05,
-            },
-            1.0,
-        )
-    };
-    let small = Caps {
-        cells: 3,
-        m2l_pairs: 10,
-        p2p_pairs: 10,
-        ..Caps::default()
-    };
-    let (mut a, mut b) = (
-        FmmSolver::new(settings.clone(), None),
-        FmmSolver::new(settings, None),
-    );
-    a.set_caps(small);
-    b.set_caps(small);
+    let (mut a, mut b) = two_solvers_with_small_caps();
     let mut device = EmulatedDevice {
         pos: &pos,
         mass: &mass,
