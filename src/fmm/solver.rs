@@ -223,8 +223,9 @@ impl PairList {
 }
 
 /// Where the particles of a tree that holds none of their positions are (`plan_sorted`
-/// with `SortedParticles` without them: a device that sorted them): it computes the cells'
-/// moments there, and may walk the tree there too.
+/// with `SortedParticles` without them, or `plan_split`: a device that sorted them): it
+/// computes the cells' moments there, may walk the tree there too, and for `plan_split`
+/// splits the particles into the cells.
 pub trait DeviceTree {
     /// Mass, centre and r_max of every cell of `tree` (its cells built, its `order` final)
     /// into `out`, in cell order: what `Tree::compute_moments` would give, bit for bit.

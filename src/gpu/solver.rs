@@ -81,10 +81,9 @@ impl GpuSolver {
 
     /// The plan from the device's sort of the resident particles into tree order, its
     /// split into cells (or the host's, when a run of equal keys was too long for the
-    /// device to order by id), its moments
-    /// of the cells and its walk; `None` when the host rejects that sort or split (then,
-    /// with a warning, the host sorts from now on: a fault of the device's tree costs
-    /// speed, not the run).
+    /// device to order by id), its moments of the cells and its walk; `None` when the host
+    /// rejects that sort or split (then, with a warning, the host sorts from now on: a
+    /// fault of the device's tree costs speed, not the run).
     fn plan_device_sorted(
         &mut self,
         particles: &mut Particles,
