@@ -572,14 +572,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     );
     assert_eq!(pa.p2p_interactions(), pb.p2p_interactions());
     assert_eq!(pa.centre, pb.centre);
-    let of = |spans: &[u64], list: &[u32], c: usize| -> Vec<u32> {
-        let (start, len) = unpack(spans[c]);
-        list[start as usize..(start + len) as usize].to_vec()
-    };
-    for c in 0..pb.centre.len() {
-        assert_eq!(of(&walked.m2l_spans, &walked.m2l_sources, c), pb.m2l_of(c));
-        assert_eq!(of(&walked.p2p_spans, &walked.p2p_sources, c), pb.p2p_of(c));
-    }
+    assert_walked_lists_are_the_plans(&walked, &pb);
     // A mass that is not finite shows in the extremes' flag.
     let mut bad = mass.clone();
     bad[8999] = f64::NAN;
@@ -960,6 +953,27 @@ fn device_walk_gives_the_hosts_lists() {
         // host then walks) instead of writing past the ring or dropping sources silently.
         let small = emulated_walk(&small_ring_harness(), &tree, mac, chunk);
         assert!(small.problems > 0, "no overflow with a ring of 8");
+    }
+}
+
+/// Every cell's M2L and P2P lists of an emulated device walk are those of `plan`.
+fn assert_walked_lists_are_the_plans(
+    walked: &EmulatedWalk,
+    plan: &leapfmm::fmm::solver::DevicePlan,
+) {
+    let of = |spans: &[u64], list: &[u32], c: usize| -> Vec<u32> {
+        let (start, len) = unpack(spans[c]);
+        list[start as usize..(start + len) as usize].to_vec()
+    };
+    for c in 0..plan.centre.len() {
+        assert_eq!(
+            of(&walked.m2l_spans, &walked.m2l_sources, c),
+            plan.m2l_of(c)
+        );
+        assert_eq!(
+            of(&walked.p2p_spans, &walked.p2p_sources, c),
+            plan.p2p_of(c)
+        );
     }
 }
 
@@ -1754,14 +1768,7 @@ fn a_plan_from_the_devices_split_is_the_hosts_plan() {
     assert_eq!(pa.level_start, pb.level_start);
     assert_eq!(pa.p2p_interactions(), pb.p2p_interactions());
     let walked = device.walked.take().expect("the device walked");
-    let of = |spans: &[u64], list: &[u32], c: usize| -> Vec<u32> {
-        let (start, len) = unpack(spans[c]);
-        list[start as usize..(start + len) as usize].to_vec()
-    };
-    for c in 0..pb.centre.len() {
-        assert_eq!(of(&walked.m2l_spans, &walked.m2l_sources, c), pb.m2l_of(c));
-        assert_eq!(of(&walked.p2p_spans, &walked.p2p_sources, c), pb.p2p_of(c));
-    }
+    assert_walked_lists_are_the_plans(&walked, &pb);
     assert_eq!(
         (stats.used.cells, stats.used.m2l_pairs, stats.used.p2p_pairs),
         (pb.centre.len(), pb.m2l_sources.len(), pb.p2p_sources.len())
