@@ -319,11 +319,15 @@ impl Tree {
                 cells: self.cells.len(),
             });
         }
-        for (cell, m) in self.cells.iter_mut().zip(moments) {
-            cell.mass = m[0];
-            cell.centre = [m[1], m[2], m[3]];
-            cell.r_max = m[4];
-        }
+        self.cells
+            .par_iter_mut()
+            .zip(moments)
+            .with_min_len(4096)
+            .for_each(|(cell, m)| {
+                cell.mass = m[0];
+                cell.centre = [m[1], m[2], m[3]];
+                cell.r_max = m[4];
+            });
         Ok(())
     }
 
