@@ -72,8 +72,7 @@ fn rust_type(c: &str) -> &'static str {
     }
 }
 
-/// The text of `open`'s balanced parenthesis group starting at `text[0] == '('`: its
-/// contents.
+/// The contents of the balanced parenthesis group that `text` starts with (`text[0] == '('`).
 fn group(text: &str) -> &str {
     let mut depth = 0;
     for (i, c) in text.char_indices() {
