@@ -3,7 +3,8 @@
 # the repository root with the release binary built on the build machine and carried: run
 # scripts/gpu-kit.sh here first, then carry .gpu-kit (binary and the shared libraries that
 # machine lacks; no Rust toolchain is needed there). Prints the environment, then
-# the GPU-vs-CPU difference of the FMM passes on the Milky Way model and the GPU timings.
+# the GPU-vs-CPU difference of the FMM passes on the Milky Way model and the GPU timings, on
+# one rank and on two thread ranks sharing the GPU.
 #   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; OUT=/tmp/gpu-check)
 # The host still builds the tree and the lists (CPU); the GPU line times the device passes,
 # the "GPU tree order" lines the device's keys and sort, the "GPU cells" lines its split
@@ -59,6 +60,11 @@ for n in "$N1" "$N2"; do
         -o "$OUT/forces_$n.hdf5" "${extra[@]}" 2>&1 | grep -v "^wrote"
     echo "exit status ${PIPESTATUS[0]}"
 done
+
+echo "== N = $N1 on 2 thread ranks: the distributed evaluation on the CPU, then with each rank's passes on the GPU (host tree, lists and LET exchange; the plan carries every multipole)"
+timeout 150 "$BIN" forces "$OUT/mw_$N1.hdf5" --softening 0.05 --backend cuda --ranks 2 \
+    -o "$OUT/forces_ranks_$N1.hdf5" 2>&1 | grep -v "^wrote"
+echo "exit status ${PIPESTATUS[0]}"
 
 echo "== N = $N2: 3 fixed steps with the particles resident on the GPU (the device keys and sorts them, splits them into cells, computes their moments, walks and runs the passes; the host checks the sort and the cells): the per-step force time and phases (diagnostics.csv)"
 cat > "$OUT/big.toml" <<EOF

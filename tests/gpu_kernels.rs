@@ -1625,7 +1625,7 @@ fn device_passes_on_three_ranks_give_the_cpu_distributed_forces() {
         caps_policy: CapsPolicy::default(),
     };
     let ranks = 3;
-    let cpu = evaluate_on_thread_ranks(&particles, &settings, ranks, 1, None).unwrap();
+    let cpu = evaluate_on_thread_ranks(&particles, &settings, ranks, 1, None, None).unwrap();
     let timeout = std::time::Duration::from_secs(600);
     let per_rank = run_thread_ranks(ranks, 1, timeout, |comm: &ThreadRank| {
         let (r, k) = (comm.rank(), comm.size());

@@ -66,7 +66,9 @@ pub struct ForcesArgs {
     /// Caps presets file to start from and record in.
     #[arg(long)]
     presets: Option<PathBuf>,
-    /// Evaluate with the distributed solver on K thread ranks sharing this machine's cores.
+    /// Evaluate with the distributed solver on K thread ranks sharing this machine's cores;
+    /// with --backend cuda, then again with each rank's passes on GPU `rank mod GPUs`, and
+    /// compare the two.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024).map(|v| v as usize))]
     ranks: usize,
     /// Where the FMM passes run: `cuda` runs them on GPU 0 from the CPU's tree and lists,
@@ -187,21 +189,29 @@ pub fn execute(args: ForcesArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) 
             bail!("--backend cuda runs on one GPU without mpirun");
         }
         let start = Instant::now();
-        let out = evaluate_share(comm, &p, &settings, args.repeat, presets)?;
+        let out = evaluate_share(comm, &p, &settings, args.repeat, presets, None)?;
         if comm.rank() != 0 {
             return Ok(());
         }
         report_distributed(&out, comm.size(), start);
         return finish(path, data, p, &out.acc, &out.pot, &args, g, softening);
     }
-    if args.backend == BackendArg::Cuda && args.ranks > 1 {
-        bail!("--backend cuda runs on one GPU: drop --ranks");
-    }
     let (acc, pot) = if args.ranks > 1 {
         let start = Instant::now();
-        let out = evaluate_on_thread_ranks(&p, &settings, args.ranks, args.repeat, presets)?;
+        let out = evaluate_on_thread_ranks(
+            &p,
+            &settings,
+            args.ranks,
+            args.repeat,
+            presets.clone(),
+            None,
+        )?;
         report_distributed(&out, args.ranks, start);
-        (out.acc, out.pot)
+        if args.backend == BackendArg::Cuda {
+            distributed_on_gpu(&p, &settings, &out.acc, &args, presets)?
+        } else {
+            (out.acc, out.pot)
+        }
     } else {
         single_rank(&p, settings, &args, presets)?
     };
@@ -365,7 +375,70 @@ fn on_gpu(
         }
     }
     device_tree_order(&mut gpu, particles, &plan, settings, &caps, args.repeat)?;
-    let mut diff: Vec<f64> = acc
+    report_gpu_difference(&acc, cpu_acc, "one rank");
+    Ok((acc, pot))
+}
+
+/// `--backend cuda --ranks K`: the distributed evaluation again with each thread rank's
+/// passes on GPU `rank mod devices` (tree, lists and exchange on the host), compared with
+/// the CPU ranks' accelerations `cpu_acc`; returns the GPU's forces.
+#[cfg(feature = "cuda")]
+fn distributed_on_gpu(
+    particles: &Particles,
+    settings: &FmmSettings,
+    cpu_acc: &[[f64; 3]],
+    args: &ForcesArgs,
+    presets: Option<PresetsStore>,
+) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
+    use leapfmm::fmm::solver::DevicePasses;
+    use leapfmm::gpu::device::GpuFmm;
+    use leapfmm::gravity::GravityError;
+    let info = leapfmm::gpu::backend::probe().map_err(anyhow::Error::msg)?;
+    let cache = leapfmm::gpu::kernel_cache();
+    let open = |rank: usize| -> Result<Box<dyn DevicePasses>, GravityError> {
+        let gpu = GpuFmm::open(rank % info.devices.max(1), cache.as_deref())
+            .map_err(|e| GravityError::Device(e.to_string()))?;
+        Ok(Box::new(gpu))
+    };
+    eprintln!(
+        "the same on {} ranks with their passes on {} GPU(s) ({}):",
+        args.ranks, info.devices, info.name
+    );
+    let start = Instant::now();
+    let out = evaluate_on_thread_ranks(
+        particles,
+        settings,
+        args.ranks,
+        args.repeat,
+        presets,
+        Some(&open),
+    )?;
+    report_distributed(&out, args.ranks, start);
+    report_gpu_difference(&out.acc, cpu_acc, &format!("{} ranks", args.ranks));
+    Ok((out.acc, out.pot))
+}
+
+/// Without the `cuda` feature there is no GPU to run on.
+#[cfg(not(feature = "cuda"))]
+fn distributed_on_gpu(
+    _particles: &Particles,
+    _settings: &FmmSettings,
+    _cpu_acc: &[[f64; 3]],
+    _args: &ForcesArgs,
+    _presets: Option<PresetsStore>,
+) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
+    bail!("this leapfmm was built without the `cuda` feature: --backend cuda is not available")
+}
+
+/// Prints the median, p99 and largest relative difference of the GPU's accelerations from
+/// the CPU's (`what`: which evaluation).
+#[cfg(feature = "cuda")]
+fn report_gpu_difference(gpu_acc: &[[f64; 3]], cpu_acc: &[[f64; 3]], what: &str) {
+    let n = gpu_acc.len();
+    if n == 0 {
+        return;
+    }
+    let mut diff: Vec<f64> = gpu_acc
         .iter()
         .zip(cpu_acc)
         .map(|(g, c)| {
@@ -377,12 +450,11 @@ fn on_gpu(
         .collect();
     diff.sort_by(f64::total_cmp);
     println!(
-        "GPU vs CPU accelerations: median {:.3e}, p99 {:.3e}, max {:.3e} relative difference",
+        "GPU vs CPU accelerations ({what}): median {:.3e}, p99 {:.3e}, max {:.3e} relative difference",
         diff[n / 2],
         diff[(n * 99 / 100).min(n - 1)],
         diff[n - 1]
     );
-    Ok((acc, pot))
 }
 
 /// The device's sort of `particles` into tree order (`GpuFmm::sort_resident`), its split

@@ -632,16 +632,22 @@ struct ForceRecord {
     pot: f64,
 }
 
+/// Opens the device that runs rank r's passes (`DistributedFmm::with_device`).
+pub type DeviceOpener<'a> =
+    dyn Fn(usize) -> Result<Box<dyn DevicePasses>, GravityError> + Sync + 'a;
+
 /// One rank's part of evaluating a whole particle set (every rank holds all of
 /// `particles`, as after reading a snapshot): it starts from an equal contiguous share,
 /// evaluates `repeat` times, and every rank gets all forces, in the input order, and every
-/// rank's figures. `leapfmm forces --ranks K` (thread ranks) and under mpirun use it.
+/// rank's figures. With `device`, each rank runs its passes on the device it opens.
+/// `leapfmm forces --ranks K` (thread ranks) and under mpirun use it.
 pub fn evaluate_share<C: Communicator + Clone + 'static>(
     comm: &C,
     particles: &Particles,
     settings: &FmmSettings,
     repeat: usize,
     presets: Option<PresetsStore>,
+    device: Option<&DeviceOpener<'_>>,
 ) -> Result<GatheredForces, GravityError> {
     let n = particles.len();
     let (r, k) = (comm.rank(), comm.size());
@@ -651,6 +657,9 @@ pub fn evaluate_share<C: Communicator + Clone + 'static>(
         FmmSolver::new(settings.clone(), None),
         presets,
     );
+    if let Some(open) = device {
+        solver = solver.with_device(open(r)?);
+    }
     let mut figures = Vec::with_capacity(repeat.max(1));
     for _ in 0..repeat.max(1) {
         let stats = solver.evaluate(&mut mine, None)?;
@@ -696,11 +705,12 @@ pub fn evaluate_on_thread_ranks(
     ranks: usize,
     repeat: usize,
     presets: Option<PresetsStore>,
+    device: Option<&DeviceOpener<'_>>,
 ) -> Result<GatheredForces, GravityError> {
     let threads = (rayon::current_num_threads() / ranks.max(1)).max(1);
     let timeout = std::time::Duration::from_secs(3600);
     let mut all = run_thread_ranks(ranks, threads, timeout, |comm: &ThreadRank| {
-        let out = evaluate_share(comm, particles, settings, repeat, presets.clone())?;
+        let out = evaluate_share(comm, particles, settings, repeat, presets.clone(), device)?;
         // Every rank holds the same result; only rank 0's travels back.
         Ok::<_, GravityError>((comm.rank() == 0).then_some(out))
     })

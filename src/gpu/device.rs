@@ -1519,7 +1519,19 @@ fn upload_plan<'a>(
     let (parents, parent_levels) = parents_by_level(plan);
     b.parents.upload(&stream, &parents)?;
     b.parent_levels = parent_levels;
-    b.multipoles.zero(&stream, cells * len)?;
+    // Multipoles the host computed (a distributed evaluation's, which other ranks' cells
+    // came with) go up; otherwise the upward pass fills them.
+    match plan.multipoles {
+        Some(m) if m.len() == cells * len => b.multipoles.upload(&stream, m)?,
+        Some(m) => {
+            return Err(GpuError::Unsupported(format!(
+                "a plan of {cells} cells came with {} multipole values, not {}",
+                m.len(),
+                cells * len
+            )));
+        }
+        None => b.multipoles.zero(&stream, cells * len)?,
+    }
     b.locals.zero(&stream, cells * len)?;
     b.acc.zero(&stream, 3 * n)?;
     b.pot.zero(&stream, n)?;
