@@ -40,6 +40,18 @@ extern "C" __global__ void gather_tree_order(const double* __restrict__ pos,
     }
 }
 
+// out[r * width + k] = in[rows[r] * width + k], one thread per value: rows of a table
+// gathered by index (the multipoles a rank's device sends another, `PayloadRoutes`).
+extern "C" __global__ void gather_rows(const double* __restrict__ in,
+                                       const unsigned* __restrict__ rows, unsigned count,
+                                       unsigned width, double* __restrict__ out) {
+    const unsigned long long t = (unsigned long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < (unsigned long long)count * width) {
+        const unsigned long long r = t / width, k = t % width;
+        out[t] = in[(unsigned long long)rows[r] * width + k];
+    }
+}
+
 // acc[order_of[s]] = acc_sorted[s] (a permutation: every particle written once).
 extern "C" __global__ void scatter_forces(const double* __restrict__ acc_sorted,
                                           const double* __restrict__ pot_sorted,

@@ -297,7 +297,8 @@ pub fn make_solver<C: Communicator + 'static>(
 
 /// The FMM with its passes on GPU `rank mod devices` of `device`'s machine: on one rank
 /// with the particles resident there (`GpuSolver`); on several, the distributed FMM with its
-/// passes on each rank's GPU (tree, lists and exchange on the host).
+/// passes on each rank's GPU (tree, lists and the LET's cells on the host, its payload
+/// from GPU to GPU).
 #[cfg(feature = "cuda")]
 fn gpu_solver<C: Communicator + 'static>(
     comm: C,
@@ -306,7 +307,7 @@ fn gpu_solver<C: Communicator + 'static>(
     device: &DeviceInfo,
 ) -> Result<Box<dyn GravitySolver>, RunError> {
     let ordinal = comm.rank() % device.devices.max(1);
-    let gpu = crate::gpu::device::GpuFmm::open(ordinal, crate::gpu::kernel_cache().as_deref())
+    let mut gpu = crate::gpu::device::GpuFmm::open(ordinal, crate::gpu::kernel_cache().as_deref())
         .map_err(|e| RunError::Gravity(GravityError::Device(e.to_string())))?;
     if comm.size() == 1 {
         return Ok(Box::new(crate::gpu::solver::GpuSolver::new(
@@ -314,14 +315,23 @@ fn gpu_solver<C: Communicator + 'static>(
             gpu,
         )));
     }
-    Ok(Box::new(
-        DistributedFmm::new(
-            comm,
-            FmmSolver::new(settings, None).with_backend("cuda"),
-            Some(presets),
-        )
-        .with_device(Box::new(gpu)),
-    ))
+    // The LET payload moves between the GPUs through NCCL when each rank has its own
+    // (ranks of one machine, or MPI ranks no more than one machine's GPUs), else through
+    // the host's communicator.
+    let own_gpu = comm.size() <= device.devices;
+    let link = gpu.connect_ranks(&comm, own_gpu);
+    let mut solver = DistributedFmm::new(
+        comm,
+        FmmSolver::new(settings, None).with_backend("cuda"),
+        Some(presets),
+    )
+    .with_device(Box::new(gpu));
+    if let Err(e) = link {
+        solver = solver.with_warning(format!(
+            "NCCL between the GPUs failed ({e}); the LET payload goes through the host"
+        ));
+    }
+    Ok(Box::new(solver))
 }
 
 /// Without the `cuda` feature no device is ever chosen.

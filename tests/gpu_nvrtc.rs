@@ -27,6 +27,7 @@ fn kernels_compile_with_nvrtc_and_the_ptx_cache_is_reused() {
         "kick",
         "drift",
         "gather_tree_order",
+        "gather_rows",
         "scatter_forces",
         "max_acceleration_blocks",
         "conserved_chunks",

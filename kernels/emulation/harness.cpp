@@ -5,6 +5,10 @@
 //   harness state IN OUT      IN: n, block, order_of, pos, mass, acc (tree order), pot (tree order),
 //                             component bytes; OUT: gathered pos and mass, scattered acc and pot,
 //                             per-block maxima of |a|^2 by component (of the scattered acc)
+//   harness payload IN OUT    IN: rows, cells, width, particles, n, block, rows (cells), particles,
+//                             table (cells x width), pos, mass; OUT: the gathered rows, then
+//                             positions and masses of the particles (gather_rows and
+//                             gather_tree_order: what a rank's device sends another)
 //   harness conserved IN OUT  IN: n, block, pos, vel, mass, pot; OUT: the per-chunk conserved sums
 //   harness p2m IN OUT        IN: n, leaves, p, block, pos, mass, leaf ranges and centres; OUT: multipoles
 //   harness l2p IN OUT        IN: n, leaves, p, block, g, pos, leaf_of, centres, locals; OUT: acc, pot
@@ -149,6 +153,23 @@ int main(int argc, char** argv) {
         put(out, acc);
         put(out, pot);
         put(out, block_max);
+    } else if (mode == "payload") {
+        auto count = in.one<uint32_t>(), cells = in.one<uint32_t>(), width = in.one<uint32_t>();
+        auto np = in.one<uint32_t>(), n = in.one<uint32_t>(), block = in.one<uint32_t>();
+        auto rows = in.many<uint32_t>(count), particles = in.many<uint32_t>(np);
+        auto table = in.many<double>((size_t)cells * width);
+        auto pos = in.many<double>(3 * (size_t)n), mass = in.many<double>(n);
+        std::vector<double> out_rows((size_t)count * width), out_pos(3 * (size_t)np), out_mass(np);
+        size_t values = (size_t)count * width;
+        launch((unsigned)((values + block - 1) / block), block, gather_rows,
+               (const double*)table.data(), (const unsigned*)rows.data(), (unsigned)count,
+               (unsigned)width, out_rows.data());
+        launch((np + block - 1) / block, block, gather_tree_order, (const double*)pos.data(),
+               (const double*)mass.data(), (const unsigned*)particles.data(), (unsigned)np,
+               out_pos.data(), out_mass.data());
+        put(out, out_rows);
+        put(out, out_pos);
+        put(out, out_mass);
     } else if (mode == "conserved") {
         auto n = in.one<uint32_t>(), block = in.one<uint32_t>();
         auto pos = in.many<double>(3 * n), vel = in.many<double>(3 * n);

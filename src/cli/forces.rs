@@ -6,7 +6,7 @@ use anyhow::{Context, Result, bail};
 use clap::builder::TypedValueParser;
 use clap::{Args, ValueEnum};
 use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
-#[cfg(feature = "mpi")]
+#[cfg(any(feature = "mpi", feature = "cuda"))]
 use leapfmm::distributed::comm::Communicator;
 #[cfg(feature = "mpi")]
 use leapfmm::distributed::driver::evaluate_share;
@@ -395,13 +395,21 @@ fn distributed_on_gpu(
     use leapfmm::gravity::GravityError;
     let info = leapfmm::gpu::backend::probe().map_err(anyhow::Error::msg)?;
     let cache = leapfmm::gpu::kernel_cache();
-    let open = |rank: usize| -> Result<Box<dyn DevicePasses>, GravityError> {
-        let gpu = GpuFmm::open(rank % info.devices.max(1), cache.as_deref())
-            .map_err(|e| GravityError::Device(e.to_string()))?;
+    let device_err = |e: leapfmm::gpu::device::GpuError| GravityError::Device(e.to_string());
+    let open = |comm: &dyn Communicator| -> Result<Box<dyn DevicePasses>, GravityError> {
+        let mut gpu = GpuFmm::open(comm.rank() % info.devices.max(1), cache.as_deref())
+            .map_err(device_err)?;
+        gpu.connect_ranks(comm, comm.size() <= info.devices)
+            .map_err(device_err)?;
         Ok(Box::new(gpu))
     };
+    let link = if args.ranks <= info.devices && leapfmm::gpu::nccl::nccl_present() {
+        "NCCL"
+    } else {
+        "the host (the ranks share GPUs, or there is no NCCL library)"
+    };
     eprintln!(
-        "the same on {} ranks with their passes on {} GPU(s) ({}):",
+        "the same on {} ranks with their passes on {} GPU(s) ({}), the LET payload through {link}:",
         args.ranks, info.devices, info.name
     );
     let start = Instant::now();

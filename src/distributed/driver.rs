@@ -2,8 +2,9 @@
 //! in the previous one (particle counts the first time), migrates particles, builds the local
 //! tree in the global cube, exchanges locally essential trees, and runs the FMM passes over
 //! local and imported cells: on the host, or with `with_device` on a device (the host keeps
-//! the tree, the lists and the exchange; the plan carries the imported cells, particles and
-//! every multipole over).
+//! the tree, the lists and the exchange; the plan carries the imported cells and the own
+//! multipoles over, and the imported multipoles and particles too unless the devices move
+//! them between themselves, `super::payload`).
 
 use super::comm::{
     Communicator, ThreadRank, allgatherv, allreduce_sum, alltoallv, run_thread_ranks,
@@ -12,6 +13,7 @@ use super::decomposition::{Domains, balance, global_cube, migrate};
 use super::let_tree::{
     ExportWalk, LetPacket, SentGeometry, WirePrecision, decode_geometry, encode_geometry, import,
 };
+use super::payload::{Landing, PayloadRoutes};
 use crate::fmm::caps::{CapKind, Caps, CapsTracker};
 use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::presets::PresetsStore;
@@ -88,15 +90,67 @@ struct Exchange<'a> {
     comm: &'a dyn Communicator,
     settings: &'a FmmSettings,
     stats: RankStats,
+    /// Whether the payload (multipoles, positions, masses) moves between the devices
+    /// (`payload`), which then need `routes`.
+    payload_on_device: bool,
+    routes: Option<PayloadRoutes>,
 }
 
 impl Exchange<'_> {
-    /// How the packets travel: compressed for the mixed-precision near field.
+    /// How the packets travel: cells only when the devices move the rest, else compressed
+    /// for the mixed-precision near field.
     fn precision(&self) -> WirePrecision {
-        match self.settings.near_field {
-            NearFieldPrecision::Mixed => WirePrecision::Single,
-            NearFieldPrecision::Double => WirePrecision::Double,
+        match (self.payload_on_device, self.settings.near_field) {
+            (true, _) => WirePrecision::CellsOnly,
+            (false, NearFieldPrecision::Mixed) => WirePrecision::Single,
+            (false, NearFieldPrecision::Double) => WirePrecision::Double,
         }
+    }
+}
+
+/// The routes of the payload of `packets` (what this rank sends each rank, in its order)
+/// and of what it receives, the cells and particles `received` counts from each rank,
+/// which `FmmSolver` appends in rank order after `tree`'s own.
+fn payload_routes(
+    tree: &Tree,
+    packets: &[LetPacket],
+    received: &[(usize, usize)],
+    len: usize,
+) -> PayloadRoutes {
+    let send_particles = packets
+        .iter()
+        .map(|p| {
+            p.cells
+                .iter()
+                .zip(&p.sources)
+                .filter(|(c, _)| c.end > c.begin)
+                .flat_map(|(_, &own)| {
+                    let cell = &tree.cells[own as usize];
+                    cell.begin..cell.end
+                })
+                .collect()
+        })
+        .collect();
+    let (mut first_cell, mut first_particle) = (tree.cells.len(), tree.pos.len());
+    let receive = received
+        .iter()
+        .map(|&(cells, particles)| {
+            let landing = Landing {
+                first_cell,
+                cells,
+                first_particle,
+                particles,
+            };
+            first_cell += cells;
+            first_particle += particles;
+            landing
+        })
+        .collect();
+    PayloadRoutes {
+        len,
+        send_cells: packets.iter().map(|p| p.sources.clone()).collect(),
+        send_particles,
+        receive,
     }
 }
 
@@ -107,6 +161,10 @@ fn comm_err(e: super::comm::CommError) -> GravityError {
 impl RemoteSource for Exchange<'_> {
     fn quantises_positions(&self) -> bool {
         self.comm.size() > 1 && self.precision() == WirePrecision::Single
+    }
+
+    fn payload_on_device(&self) -> bool {
+        self.payload_on_device
     }
 
     fn remote_trees(
@@ -205,6 +263,7 @@ impl RemoteSource for Exchange<'_> {
         let incoming = comm.alltoall_bytes(out).map_err(comm_err)?;
         let mut trees = Vec::new();
         let mut received = 0;
+        let mut counts = vec![(0, 0); k];
         for (j, bytes) in incoming.iter().enumerate() {
             if j == me || bytes.is_empty() {
                 continue;
@@ -213,8 +272,15 @@ impl RemoteSource for Exchange<'_> {
             let packet = LetPacket::decode(bytes, precision, walks[j].receiver_cells())
                 .map_err(GravityError::Communication)?;
             if !packet.cells.is_empty() {
+                counts[j] = (packet.cells.len(), packet.particles.len());
                 trees.push(import(&packet, len));
             }
+        }
+        if self.payload_on_device {
+            let routes = payload_routes(tree, &packets, &counts, len);
+            self.stats.let_bytes_sent += routes.bytes_sent();
+            received += (0..k).map(|j| 8 * routes.receive_values(j)).sum::<usize>();
+            self.routes = Some(routes);
         }
         self.stats.let_bytes_received = received;
         self.stats.let_cells = need_cells;
@@ -246,6 +312,12 @@ impl<C: Communicator> DistributedFmm<C> {
     /// lists and the exchange stay on the host).
     pub fn with_device(mut self, device: Box<dyn DevicePasses>) -> Self {
         self.device = Some(device);
+        self
+    }
+
+    /// Adds a warning for the next `take_warnings` (e.g. about the device link).
+    pub fn with_warning(mut self, warning: String) -> Self {
+        self.warnings.push(warning);
         self
     }
 
@@ -320,6 +392,9 @@ impl<C: Communicator> DistributedFmm<C> {
             comm,
             settings: &settings,
             stats: RankStats::default(),
+            payload_on_device: comm.size() > 1
+                && self.device.as_ref().is_some_and(|d| d.moves_payload()),
+            routes: None,
         };
         let with = Evaluation {
             eps: eps.as_deref(),
@@ -342,7 +417,21 @@ impl<C: Communicator> DistributedFmm<C> {
                         .plan_with(&particles.pos, &particles.mass, &particles.id, with)?;
                 let plan = self.solver.device_plan()?;
                 let caps = self.solver.caps().unwrap_or_default();
-                let forces = device.run_passes(&plan, &caps, settings.softening, settings.g)?;
+                let force = (settings.softening, settings.g);
+                let forces = match &exchange.routes {
+                    Some(routes) => {
+                        routes
+                            .check(
+                                plan.own_cells,
+                                plan.own_particles,
+                                plan.centre.len(),
+                                plan.particles(),
+                            )
+                            .map_err(GravityError::Communication)?;
+                        device.run_passes_with_payload(&plan, &caps, force, routes, comm)?
+                    }
+                    None => device.run_passes(&plan, &caps, force.0, force.1)?,
+                };
                 forces.write_to(
                     plan.order_of,
                     active,
@@ -632,9 +721,10 @@ struct ForceRecord {
     pot: f64,
 }
 
-/// Opens the device that runs rank r's passes (`DistributedFmm::with_device`).
+/// Opens the device that runs the passes of the rank it is given (`DistributedFmm::with_device`;
+/// every rank calls it together, so it may link the ranks' devices).
 pub type DeviceOpener<'a> =
-    dyn Fn(usize) -> Result<Box<dyn DevicePasses>, GravityError> + Sync + 'a;
+    dyn Fn(&dyn Communicator) -> Result<Box<dyn DevicePasses>, GravityError> + Sync + 'a;
 
 /// One rank's part of evaluating a whole particle set (every rank holds all of
 /// `particles`, as after reading a snapshot): it starts from an equal contiguous share,
@@ -658,7 +748,7 @@ pub fn evaluate_share<C: Communicator + Clone + 'static>(
         presets,
     );
     if let Some(open) = device {
-        solver = solver.with_device(open(r)?);
+        solver = solver.with_device(open(comm)?);
     }
     let mut figures = Vec::with_capacity(repeat.max(1));
     for _ in 0..repeat.max(1) {

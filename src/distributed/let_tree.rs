@@ -236,6 +236,9 @@ pub struct LetPacket {
     pub particles: Vec<[f64; 4]>,
     /// Their softening lengths, when these differ between particles (else empty).
     pub eps: Vec<f64>,
+    /// The sender's own cell of each cell (not encoded: with `WirePrecision::CellsOnly`,
+    /// what the sender's device gathers the payload from).
+    pub sources: Vec<u32>,
 }
 
 /// What the receiver's walk needs of one own cell.
@@ -343,6 +346,7 @@ impl ExportWalk {
         let need = &self.need;
         let mut queue = VecDeque::from([(0u32, 0usize)]);
         out.cells.push(LetCell::zeroed());
+        out.sources.push(0);
         while let Some((c, slot)) = queue.pop_front() {
             let cell = &tree.cells[c as usize];
             let n = need[c as usize];
@@ -376,6 +380,7 @@ impl ExportWalk {
                 entry.flags |= u32::from(cell.child_count) << 8;
                 for (k, child) in cell.children().enumerate() {
                     out.cells.push(LetCell::zeroed());
+                    out.sources.push(child);
                     queue.push_back((child, entry.first_child as usize + k));
                 }
             }
@@ -402,6 +407,10 @@ pub enum WirePrecision {
     Single,
     /// f64 positions (24 bytes per particle) and multipoles.
     Double,
+    /// The cells only: the multipoles of all of them and the particles' positions and masses
+    /// move between the ranks' devices (`super::payload`); decoded particles are zero
+    /// placeholders until they land there. One softening length for all particles.
+    CellsOnly,
 }
 
 /// Bytes of the count header of an encoded packet.
@@ -723,16 +732,24 @@ impl LetPacket {
     /// of a particle count, bytes of the cells), the cells (`push_cells`), the multipoles,
     /// the positions, the masses, the softening lengths.
     pub fn encode(&self, precision: WirePrecision) -> Vec<u8> {
+        let cells_only = precision == WirePrecision::CellsOnly;
         let mut cells = self.cells.clone();
         let m: Vec<f64> = self.particles.iter().map(|q| q[3]).collect();
-        let masses = leaf_stream(&mut cells, &m, UNIFORM_MASS);
-        let eps = if self.eps.is_empty() {
+        let masses = if cells_only {
+            Vec::new()
+        } else {
+            leaf_stream(&mut cells, &m, UNIFORM_MASS)
+        };
+        let eps = if self.eps.is_empty() || cells_only {
             Vec::new()
         } else {
             leaf_stream(&mut cells, &self.eps, UNIFORM_EPS)
         };
         let (mass_palette, eps_palette) = (palette_of(&masses), palette_of(&eps));
-        let count = self.multipoles.len().checked_div(self.len).unwrap_or(0);
+        let count = match cells_only {
+            true => 0,
+            false => self.multipoles.len().checked_div(self.len).unwrap_or(0),
+        };
         let bits = count_bits(&cells);
         let mut wire = BitWriter::default();
         push_cells(&cells, bits, &mut wire);
@@ -778,6 +795,7 @@ impl LetPacket {
                 }
                 out.extend_from_slice(&x.finish());
             }
+            WirePrecision::CellsOnly => {}
         }
         push_stream(&masses, &mass_palette, &mut out);
         push_stream(&eps, &eps_palette, &mut out);
@@ -817,6 +835,8 @@ impl LetPacket {
                 )
             }
             WirePrecision::Double => (nm * len * 8, np * 24),
+            WirePrecision::CellsOnly if nm == 0 && nq == 0 && ne == 0 => (0, 0),
+            WirePrecision::CellsOnly => return Err(bad()),
         };
         if bytes.len()
             != HEADER + cell_bytes + multipole_bytes + position_bytes + mass_bytes + eps_bytes
@@ -874,10 +894,14 @@ impl LetPacket {
                 }
                 (m, x)
             }
+            WirePrecision::CellsOnly => (Vec::new(), vec![[0.0; 3]; np]),
         };
         let masses = read_stream(take(mass_bytes), nq, pq).ok_or_else(bad)?;
         let eps_stream = read_stream(take(eps_bytes), ne, pe).ok_or_else(bad)?;
-        let masses = unstream(&cells, &masses, UNIFORM_MASS, np).ok_or_else(bad)?;
+        let masses = match precision {
+            WirePrecision::CellsOnly => vec![0.0; np],
+            _ => unstream(&cells, &masses, UNIFORM_MASS, np).ok_or_else(bad)?,
+        };
         let eps = if ne == 0 {
             Vec::new()
         } else {
@@ -894,6 +918,7 @@ impl LetPacket {
             len,
             particles,
             eps,
+            sources: Vec::new(),
         })
     }
 }
@@ -967,6 +992,7 @@ mod tests {
                 [-3.9, 0.4, -0.1, 0.7],
             ],
             eps: Vec::new(),
+            sources: vec![0, 4, 5],
         }
     }
 
@@ -1066,6 +1092,29 @@ mod tests {
     }
 
     #[test]
+    fn cells_only_carry_the_cells_and_placeholders_for_the_payload() {
+        let (p, g) = (packet(), geometry());
+        let bytes = p.encode(WirePrecision::CellsOnly);
+        // The cells' 3 + 7 + 7 bits, as on every wire, and nothing else.
+        assert_eq!(bytes.len(), HEADER + 3);
+        let d = LetPacket::decode(&bytes, WirePrecision::CellsOnly, &g).unwrap();
+        let exact =
+            LetPacket::decode(&p.encode(WirePrecision::Double), WirePrecision::Double, &g).unwrap();
+        let strip = |c: &LetCell| LetCell {
+            flags: c.flags & !(UNIFORM_MASS | UNIFORM_EPS),
+            ..*c
+        };
+        let cells: Vec<LetCell> = exact.cells.iter().map(strip).collect();
+        let bytes_of = |c: &[LetCell]| bytemuck::cast_slice::<LetCell, u8>(c).to_vec();
+        assert_eq!(bytes_of(&d.cells), bytes_of(&cells));
+        assert!(d.multipoles.is_empty() && d.eps.is_empty());
+        assert_eq!(d.particles, vec![[0.0; 4]; 5]);
+        // A cells-only reader refuses a packet with a payload in it.
+        let double = p.encode(WirePrecision::Double);
+        assert!(LetPacket::decode(&double, WirePrecision::CellsOnly, &g).is_err());
+    }
+
+    #[test]
     fn few_distinct_masses_and_softenings_travel_as_palette_indices() {
         let leaf = LetCell {
             r_max: 1.0,
@@ -1084,6 +1133,7 @@ mod tests {
             eps: (0..40)
                 .map(|i| if i % 5 == 0 { 0.1 } else { 0.02 })
                 .collect(),
+            sources: vec![0],
         };
         let bytes = p.encode(WirePrecision::Double);
         // One cell in 3 + 2 + 6 bits; three masses and two softenings once each, then 2- and

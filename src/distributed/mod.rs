@@ -6,3 +6,4 @@ pub mod driver;
 pub mod let_tree;
 #[cfg(feature = "mpi")]
 pub mod mpi_rank;
+pub mod payload;

@@ -9,6 +9,8 @@ use super::p2p::{NearField, NearFieldPrecision, NearScratch};
 use super::presets::{PresetKey, PresetsStore};
 use super::traversal::{Mac, Spans, unpack, walk};
 use super::tree::{Cell, CellsOverflow, MOMENT_VALUES, NotSorted, SortedParticles, Tree};
+use crate::distributed::comm::Communicator;
+use crate::distributed::payload::PayloadRoutes;
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, SolverStat, check_finite};
 use crate::particles::Particles;
@@ -190,6 +192,13 @@ pub trait RemoteSource {
     /// the evaluation then puts its own particles there for every purpose
     /// (`Tree::quantise_own_positions`).
     fn quantises_positions(&self) -> bool;
+
+    /// True when the remote trees come without their multipoles and particles (zero
+    /// placeholders: the devices move them, `crate::distributed::payload`), so the host
+    /// leaves the multipoles of the cells they were sent with unbuilt.
+    fn payload_on_device(&self) -> bool {
+        false
+    }
 }
 
 /// Gives up on buffers that keep overflowing (a growth factor barely above 1).
@@ -663,6 +672,7 @@ impl FmmSolver {
         let mut remote_roots = Vec::new();
         if let Some(source) = remote {
             let t0 = Instant::now();
+            let placeholders = source.payload_on_device();
             for r in
                 source.remote_trees(&self.tree, &self.multipoles, len, &mut self.tracker, stats)?
             {
@@ -671,7 +681,9 @@ impl FmmSolver {
                 }
                 let root = self.tree.append_remote(&r.cells, &r.pos, &r.mass, &r.eps);
                 self.multipoles.extend_from_slice(&r.multipoles);
-                self.rebuild_remote_multipoles(root as usize, r.cells.len(), len);
+                if !placeholders {
+                    self.rebuild_remote_multipoles(root as usize, r.cells.len(), len);
+                }
                 remote_roots.push(root);
             }
             stats.seconds.exchange = t0.elapsed().as_secs_f64();
@@ -1244,6 +1256,29 @@ pub trait DevicePasses: Send {
         softening: Softening,
         g: f64,
     ) -> Result<DeviceForces, GravityError>;
+
+    /// Whether `run_passes_with_payload` moves a distributed evaluation's LET payload
+    /// between the ranks' devices.
+    fn moves_payload(&self) -> bool {
+        false
+    }
+
+    /// As `run_passes`, for a plan whose other ranks' multipoles, positions and masses are
+    /// placeholders: first this rank's device sends every rank what `routes` says, from
+    /// its own cells and particles in the plan, and puts what it receives in its place,
+    /// through the devices' own link or `comm` (every rank calls this together).
+    fn run_passes_with_payload(
+        &mut self,
+        _plan: &DevicePlan,
+        _caps: &Caps,
+        _force: (Softening, f64),
+        _routes: &PayloadRoutes,
+        _comm: &dyn Communicator,
+    ) -> Result<DeviceForces, GravityError> {
+        Err(GravityError::Device(
+            "this device does not move a LET payload".into(),
+        ))
+    }
 }
 
 /// Diagnostics columns of an FMM evaluation: (name, summed between rows).

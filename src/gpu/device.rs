@@ -12,17 +12,23 @@
 //! computed there (`cell_moments`: the host gets each cell's mass, centre and radius), the
 //! tree is walked there (`walk`: the lists stay for the passes), the particles are gathered
 //! into tree order and the forces scattered back (`evaluate_resident`), and the kick and
-//! drift run there. The same kernels run under the CPU emulation in tests/gpu_kernels.rs,
+//! drift run there. On K ranks, the LET payload (the multipoles and particles another
+//! rank's walk needs) goes from this device's plan straight into the other ranks' plans
+//! (`run_passes_with_payload`: NCCL when linked, `connect_ranks`, else through the host).
+//! The same kernels run under the CPU emulation in tests/gpu_kernels.rs,
 //! where they match the CPU backend. Not yet verified on a GPU: no device was lent while it
 //! was written (scripts/gpu-check.sh is the check).
 
 use super::memory::{DeviceLengths, M2L_THREADS, THREADS_PER_BLOCK, resident_f64_counts};
+use super::nccl::NcclLink;
 use super::nvrtc::{KernelError, compile_all};
 use super::sort::{
     ANCESTOR_THREADS, BOUNDS_BLOCKS, BOUNDS_FIELDS, BOUNDS_THREADS, LEVEL_SLOTS, OFFSETS_THREADS,
     RADIX_BITS, RADIX_THREADS, SCAN_BLOCKS, SCAN_THREADS, SCAN_VALUES, WALK_CHUNK, WALK_RING_BYTES,
     cube_of_bounds, sort_blocks,
 };
+use crate::distributed::comm::Communicator;
+use crate::distributed::payload::PayloadRoutes;
 use crate::fmm::caps::Caps;
 use crate::fmm::morton::BoundingCube;
 use crate::fmm::solver::{DeviceForces, DeviceLists, DevicePasses, DevicePlan, DeviceSeconds};
@@ -88,6 +94,20 @@ pub struct GpuFmm {
     /// The number of cells whose columns the last `split_cells` left in the moments
     /// buffers (none since the last sort): `cell_moments` uses them instead of uploading.
     split: Option<usize>,
+    /// Kept between the LET payloads this device sends (`run_passes_with_payload`).
+    payload: Option<PayloadBuffers>,
+    /// NCCL to the other ranks' GPUs, when every rank has one (`connect_ranks`).
+    link: Option<NcclLink>,
+}
+
+/// The gathered LET payload this rank's device sends (`PayloadRoutes`): every rank's part,
+/// one after the other.
+struct PayloadBuffers {
+    rows: Reused<u32>,
+    particles: Reused<u32>,
+    multipoles: Reused<f64>,
+    pos: Reused<f64>,
+    mass: Reused<f64>,
 }
 
 /// The loaded kernels.
@@ -118,6 +138,7 @@ struct Kernels {
     order_runs: CudaFunction,
     split_count: CudaFunction,
     split_write: CudaFunction,
+    gather_rows: CudaFunction,
 }
 
 /// A run's particle state on the device (design §7), in the run's particle order: what the
@@ -586,6 +607,7 @@ impl GpuFmm {
             order_runs: function("split.cu", "order_equal_runs")?,
             split_count: function("split.cu", "split_count")?,
             split_write: function("split.cu", "split_write")?,
+            gather_rows: function("integrate.cu", "gather_rows")?,
         };
         Ok(GpuFmm {
             stream: ctx.default_stream(),
@@ -596,7 +618,21 @@ impl GpuFmm {
             moments: None,
             walking: None,
             split: None,
+            payload: None,
+            link: None,
         })
+    }
+
+    /// Joins the ranks of `comm` (all call this together) in NCCL for the LET payload when
+    /// every rank has a GPU of its own (`own_gpu` says whether this one has) and the NCCL
+    /// library; returns whether they did. Otherwise the payload goes through `comm`.
+    pub fn connect_ranks(
+        &mut self,
+        comm: &dyn Communicator,
+        own_gpu: bool,
+    ) -> Result<bool, GpuError> {
+        self.link = super::nccl::connect(comm, &self.stream, own_gpu).map_err(GpuError::Driver)?;
+        Ok(self.link.is_some())
     }
 
     /// The forces of `plan` on the device, in buffers kept from the previous evaluation
@@ -608,6 +644,21 @@ impl GpuFmm {
         caps: &Caps,
         softening: Softening,
         g: f64,
+    ) -> Result<DeviceForces, GpuError> {
+        self.evaluate_moving(plan, caps, (softening, g), None)
+    }
+
+    /// `evaluate`, and with `payload` (a distributed plan whose other ranks' multipoles,
+    /// positions and masses are placeholders) the LET payload moved first: this device
+    /// gathers what `routes` sends each rank from its plan, and what the others send lands
+    /// in its plan's buffers, through NCCL when the ranks are linked, else through the host
+    /// communicator (all ranks call this together; its seconds count as upload's).
+    fn evaluate_moving(
+        &mut self,
+        plan: &DevicePlan,
+        caps: &Caps,
+        (softening, g): (Softening, f64),
+        payload: Option<(&PayloadRoutes, &dyn Communicator)>,
     ) -> Result<DeviceForces, GpuError> {
         if plan.pos.len() != plan.particles() || plan.device_lists.is_some() {
             return Err(GpuError::Unsupported(
@@ -621,6 +672,18 @@ impl GpuFmm {
         b.leaf_of.upload(&stream, &plan.leaf_of)?;
         b.pos.upload(&stream, plan.pos.as_flattened())?;
         b.mass.upload(&stream, plan.mass)?;
+        if let Some((routes, comm)) = payload {
+            let link = self.link.as_ref();
+            move_payload(
+                &self.kernels,
+                &stream,
+                b,
+                &mut self.payload,
+                link,
+                routes,
+                comm,
+            )?;
+        }
         stream.synchronize()?;
         secs.upload = t.elapsed().as_secs_f64();
         run_passes(
@@ -1726,6 +1789,139 @@ fn upward_pass(
     Ok(())
 }
 
+/// Gathers the payload `routes` sends each rank from the plan in `b` (multipoles, and
+/// positions and masses in tree order) into `scratch`, moves it through `link` (NCCL) or
+/// else `comm`, and puts what arrives in its place in `b`.
+fn move_payload(
+    k: &Kernels,
+    stream: &Arc<CudaStream>,
+    b: &mut Buffers,
+    scratch: &mut Option<PayloadBuffers>,
+    link: Option<&NcclLink>,
+    routes: &PayloadRoutes,
+    comm: &dyn Communicator,
+) -> Result<(), GpuError> {
+    let len = routes.len;
+    let rows: Vec<u32> = routes.send_cells.concat();
+    let particles: Vec<u32> = routes.send_particles.concat();
+    let (nr, np) = (rows.len(), particles.len());
+    let s = match scratch {
+        Some(s) => s,
+        none => none.insert(PayloadBuffers {
+            rows: Reused::new(stream, nr)?,
+            particles: Reused::new(stream, np)?,
+            multipoles: Reused::new(stream, nr * len)?,
+            pos: Reused::new(stream, 3 * np)?,
+            mass: Reused::new(stream, np)?,
+        }),
+    };
+    s.rows.room(stream, nr)?;
+    s.particles.room(stream, np)?;
+    s.multipoles.room(stream, nr * len)?;
+    s.pos.room(stream, 3 * np)?;
+    s.mass.room(stream, np)?;
+    s.rows.upload(stream, &rows)?;
+    s.particles.upload(stream, &particles)?;
+    let (nr32, np32, len32) = (nr as u32, np as u32, len as u32);
+    if nr > 0 {
+        let mut launch = stream.launch_builder(&k.gather_rows);
+        launch
+            .arg(&b.multipoles.buf)
+            .arg(&s.rows.buf)
+            .arg(&nr32)
+            .arg(&len32)
+            .arg(&mut s.multipoles.buf);
+        // SAFETY: the arguments match gather_rows's signature; `s.multipoles` holds nr * len
+        // values and every row is an own cell of the plan (`PayloadRoutes::check`).
+        unsafe { launch.launch(grid(nr * len)) }?;
+    }
+    if np > 0 {
+        let mut launch = stream.launch_builder(&k.gather);
+        launch
+            .arg(&b.pos.buf)
+            .arg(&b.mass.buf)
+            .arg(&s.particles.buf)
+            .arg(&np32)
+            .arg(&mut s.pos.buf)
+            .arg(&mut s.mass.buf);
+        // SAFETY: as above, for gather_tree_order: np indices of own particles.
+        unsafe { launch.launch(grid(np)) }?;
+    }
+    // Where each rank's part starts in the gathered buffers.
+    let ranks = routes.receive.len();
+    let mut sent = Vec::with_capacity(ranks);
+    let (mut r0, mut p0) = (0, 0);
+    for j in 0..ranks {
+        let (r, p) = (routes.send_cells[j].len(), routes.send_particles[j].len());
+        sent.push(((r0 * len, (r0 + r) * len), (p0, p0 + p)));
+        r0 += r;
+        p0 += p;
+    }
+    match link {
+        Some(link) => {
+            let nccl = link.comm();
+            let err = |e| GpuError::Driver(format!("NCCL: {e:?}"));
+            cudarc::nccl::safe::group_start().map_err(err)?;
+            for (j, &((m0, m1), (q0, q1))) in sent.iter().enumerate() {
+                let peer = j as i32;
+                if m1 > m0 {
+                    nccl.send(&s.multipoles.buf.slice(m0..m1), peer)
+                        .map_err(err)?;
+                }
+                if q1 > q0 {
+                    nccl.send(&s.pos.buf.slice(3 * q0..3 * q1), peer)
+                        .map_err(err)?;
+                    nccl.send(&s.mass.buf.slice(q0..q1), peer).map_err(err)?;
+                }
+                let l = routes.receive[j];
+                if l.cells > 0 {
+                    let m = l.first_cell * len..(l.first_cell + l.cells) * len;
+                    nccl.recv(&mut b.multipoles.buf.slice_mut(m), peer)
+                        .map_err(err)?;
+                }
+                if l.particles > 0 {
+                    let q = l.first_particle..l.first_particle + l.particles;
+                    let x = 3 * q.start..3 * q.end;
+                    nccl.recv(&mut b.pos.buf.slice_mut(x), peer).map_err(err)?;
+                    nccl.recv(&mut b.mass.buf.slice_mut(q), peer).map_err(err)?;
+                }
+            }
+            cudarc::nccl::safe::group_end().map_err(err)?;
+        }
+        None => {
+            let m = stream.clone_dtoh(&s.multipoles.buf.slice(0..nr * len))?;
+            let x = stream.clone_dtoh(&s.pos.buf.slice(0..3 * np))?;
+            let q = stream.clone_dtoh(&s.mass.buf.slice(0..np))?;
+            let messages = sent
+                .iter()
+                .map(|&((m0, m1), (q0, q1))| {
+                    let parts = [&m[m0..m1], &x[3 * q0..3 * q1], &q[q0..q1]];
+                    bytemuck::cast_slice::<f64, u8>(&parts.concat()).to_vec()
+                })
+                .collect();
+            let received = comm
+                .alltoall_bytes(messages)
+                .map_err(|e| GpuError::Driver(format!("the LET payload did not arrive: {e}")))?;
+            for (j, bytes) in received.iter().enumerate() {
+                let values: Vec<f64> = bytemuck::pod_collect_to_vec(bytes);
+                let part = routes.split(j, &values).map_err(GpuError::Unsupported)?;
+                let l = routes.receive[j];
+                if l.cells > 0 {
+                    let at = l.first_cell * len..(l.first_cell + l.cells) * len;
+                    stream.memcpy_htod(part.multipoles, &mut b.multipoles.buf.slice_mut(at))?;
+                }
+                if l.particles > 0 {
+                    let at = l.first_particle..l.first_particle + l.particles;
+                    let x = 3 * at.start..3 * at.end;
+                    stream.memcpy_htod(part.pos, &mut b.pos.buf.slice_mut(x))?;
+                    stream.memcpy_htod(part.mass, &mut b.mass.buf.slice_mut(at))?;
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 impl DevicePasses for GpuFmm {
     fn run_passes(
         &mut self,
@@ -1735,6 +1931,22 @@ impl DevicePasses for GpuFmm {
         g: f64,
     ) -> Result<DeviceForces, GravityError> {
         self.evaluate(plan, caps, softening, g)
+            .map_err(|e| GravityError::Device(e.to_string()))
+    }
+
+    fn moves_payload(&self) -> bool {
+        true
+    }
+
+    fn run_passes_with_payload(
+        &mut self,
+        plan: &DevicePlan,
+        caps: &Caps,
+        force: (Softening, f64),
+        routes: &PayloadRoutes,
+        comm: &dyn Communicator,
+    ) -> Result<DeviceForces, GravityError> {
+        self.evaluate_moving(plan, caps, force, Some((routes, comm)))
             .map_err(|e| GravityError::Device(e.to_string()))
     }
 }

@@ -7,6 +7,8 @@ pub mod backend;
 pub mod device;
 pub mod memory;
 #[cfg(feature = "cuda")]
+pub mod nccl;
+#[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
 pub mod solver;
