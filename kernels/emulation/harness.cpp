@@ -18,7 +18,9 @@
 //                             OUT: locals
 //   harness fmm IN OUT        IN: a whole device plan (tests/gpu_kernels.rs: fmm_input); OUT: acc, pot
 //                             of the own particles from the pass sequence P2M, M2M (unless the
-//                             plan gives the multipoles), M2L, L2L, L2P, P2P
+//                             plan gives the multipoles and leaves none to the device), M2L,
+//                             L2L, L2P, P2P
+//   harness upward IN OUT     IN: as fmm; OUT: the multipoles after P2M and M2M
 //   harness bounds IN OUT     IN: n, blocks, block, pos, mass; OUT: the blocks' extremes (7 each)
 //   harness sort IN OUT       IN: n, block, cube corner, scale, pos; OUT: the Morton keys, then
 //                             the keys and particle indices after the radix sort's 8 passes
@@ -275,14 +277,15 @@ int main(int argc, char** argv) {
                (unsigned)count, (const unsigned long long*)spans.data(), (const unsigned*)list.data(),
                (const double*)centre.data(), (const double*)m.data(), (int)p, l.data());
         put(out, l);
-    } else if (mode == "fmm") {
+    } else if (mode == "fmm" || mode == "upward") {
         auto n = in.one<uint32_t>(), cells = in.one<uint32_t>(), levels = in.one<uint32_t>();
         auto n_leaves = in.one<uint32_t>(), m2l_len = in.one<uint32_t>(), p2p_len = in.one<uint32_t>();
         auto p = in.one<uint32_t>();
-        // Own particles and cells (the first ones; the rest came from other ranks) and whether
-        // the multipoles are given (a distributed plan) instead of computed here.
+        // Own particles and cells (the first ones; the rest came from other ranks), whether
+        // the multipoles are given (a distributed plan), and whether the own ones are
+        // computed here all the same (the plan's are placeholders).
         auto own_n = in.one<uint32_t>(), own_cells = in.one<uint32_t>();
-        auto given = in.one<uint32_t>();
+        auto given = in.one<uint32_t>(), upward = in.one<uint32_t>();
         auto kernel = in.one<int32_t>();
         auto block = in.one<uint32_t>();
         auto eps2 = in.one<float>(), h = in.one<float>();
@@ -305,7 +308,7 @@ int main(int argc, char** argv) {
         if (given) multipoles = in.many<double>(cells * len);
         std::vector<double> acc(3 * own_n, 0.0), pot(own_n, 0.0);
         auto grid = [&](size_t count) { return (unsigned)((count + block - 1) / block); };
-        if (!given) {
+        if (upward) {
             launch(grid(n_leaves), block, p2m_leaves, (const double*)pos.data(),
                    (const double*)mass.data(), (const unsigned*)leaves.data(), (unsigned)n_leaves,
                    (const unsigned*)begin.data(), (const unsigned*)end.data(),
@@ -321,6 +324,11 @@ int main(int argc, char** argv) {
                        (const unsigned*)counts.data(), (const double*)centre.data(), (int)p,
                        multipoles.data());
             }
+        }
+        if (mode == "upward") {
+            put(out, multipoles);
+            std::fclose(out);
+            return 0;
         }
         std::vector<unsigned> all(cells);
         for (unsigned c = 0; c < cells; ++c) all[c] = c;

@@ -1,10 +1,11 @@
 //! The LET payload when it moves between the ranks' devices (design §6–7): in a distributed
 //! evaluation whose passes run on devices, only the locally essential trees' cells travel
-//! through the host (`WirePrecision::CellsOnly`); the multipoles of those cells and the
-//! positions and masses of the particles sent with them go from the sender's device, where
-//! its plan holds them, straight into the receiver's plan on its device: through NCCL when
-//! every rank has a GPU of its own, else through the host's communicator. Exact f64 both
-//! ways, so a cell's multipole is the sender's own bits, as with `WirePrecision::Double`.
+//! through the host (`WirePrecision::CellsOnly`); each device computes its own cells'
+//! multipoles, and the multipoles of those cells and the positions and masses of the
+//! particles sent with them go from the sender's device straight into the receiver's plan
+//! on its device: through NCCL when every rank has a GPU of its own, else through the
+//! host's communicator. Exact f64 both ways, so a cell's multipole is the sender's own
+//! bits, as with `WirePrecision::Double`.
 
 /// Where one sender's payload lands in the receiver's plan: its cells and particles are
 /// contiguous there (`FmmSolver` appends each sender's tree in one piece, in rank order).

@@ -340,6 +340,8 @@ pub struct FmmSolver {
     warnings: Vec<String>,
     tree: Tree,
     multipoles: Vec<f64>,
+    /// Whether the last evaluation or plan computed the own cells' multipoles here.
+    upward_on_host: bool,
     locals: Vec<f64>,
     m2l_buf: CappedBuffer,
     p2p_buf: CappedBuffer,
@@ -375,6 +377,7 @@ impl FmmSolver {
             warnings: Vec::new(),
             tree: Tree::default(),
             multipoles: Vec::new(),
+            upward_on_host: false,
             locals: Vec::new(),
             m2l_buf: CappedBuffer::default(),
             p2p_buf: CappedBuffer::default(),
@@ -512,7 +515,9 @@ impl FmmSolver {
     /// (a shared borrow, so the caller can read the caps and settings alongside the plan).
     /// On a rank of a distributed evaluation (`with.remote`) the host computes
     /// the multipoles, which the exchange needs anyway, and they travel in the plan with the
-    /// other ranks' cells and particles.
+    /// other ranks' cells and particles; unless the devices move the exchange's payload
+    /// (`RemoteSource::payload_on_device`): then each device computes its own and the plan
+    /// holds placeholders.
     pub fn plan_with(
         &mut self,
         pos: &[[f64; 3]],
@@ -521,7 +526,10 @@ impl FmmSolver {
         with: Evaluation,
     ) -> Result<FmmStats, GravityError> {
         let mut stats = FmmStats::default();
-        let (host_upward, some) = (with.remote.is_some(), with.active.is_some());
+        // The exchange needs the own multipoles, unless the devices compute them and move
+        // them between themselves.
+        let host_upward = with.remote.as_ref().is_some_and(|r| !r.payload_on_device());
+        let some = with.active.is_some();
         let input = TreeInput::Unsorted { pos, mass };
         self.build_lists(input, id, with, host_upward, &mut stats)?;
         if !some {
@@ -666,7 +674,12 @@ impl FmmSolver {
         }
         if host_upward {
             self.upward(len);
+        } else if remote.is_some() {
+            // Placeholders for the own cells, which the other ranks' cells follow.
+            self.multipoles.clear();
+            self.multipoles.resize(self.tree.cells.len() * len, 0.0);
         }
+        self.upward_on_host = host_upward;
         stats.seconds.upward += t0.elapsed().as_secs_f64();
 
         let mut remote_roots = Vec::new();
@@ -1045,9 +1058,14 @@ pub struct DevicePlan<'a> {
     /// The rank's own cells (the first of the cell arrays); the others came from other
     /// ranks and are sources only.
     pub own_cells: usize,
-    /// Every cell's multipole (`(order + 1) (order + 2)` values each) when the host computed
-    /// them (a distributed evaluation); `None`: the device computes them (P2M, M2M).
+    /// Every cell's multipole (`(order + 1) (order + 2)` values each) when other ranks' cells
+    /// came (a distributed evaluation), whose own cells' the host computed unless
+    /// `upward_on_device` (zero placeholders then, as are the other ranks' cells' when the
+    /// devices move them); `None`: the device computes them (P2M, M2M).
     pub multipoles: Option<&'a [f64]>,
+    /// The device computes the own cells' multipoles (P2M, M2M): always without
+    /// `multipoles`, and with them when the host left them to it.
+    pub upward_on_device: bool,
     /// Tree order → the caller's index (own particles).
     pub order_of: &'a [u32],
     /// Expansion centre of each cell (own and received).
@@ -1166,6 +1184,7 @@ impl FmmSolver {
             own_particles: tree.own_particles,
             own_cells: cells,
             multipoles: remote.then_some(self.multipoles.as_slice()),
+            upward_on_device: !(remote && self.upward_on_host),
             order_of: &tree.order,
             centre: all.par_iter().map(|c| c.centre).collect(),
             begin: all.par_iter().map(|c| c.begin).collect(),

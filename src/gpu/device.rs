@@ -672,7 +672,14 @@ impl GpuFmm {
         b.leaf_of.upload(&stream, &plan.leaf_of)?;
         b.pos.upload(&stream, plan.pos.as_flattened())?;
         b.mass.upload(&stream, plan.mass)?;
+        stream.synchronize()?;
+        secs.upload = t.elapsed().as_secs_f64();
+        if plan.upward_on_device {
+            upward_pass(&self.kernels, &stream, b, plan, &mut secs)?;
+        }
         if let Some((routes, comm)) = payload {
+            // The own multipoles just computed go out; the others' land next to them.
+            let t = Instant::now();
             let link = self.link.as_ref();
             move_payload(
                 &self.kernels,
@@ -683,9 +690,9 @@ impl GpuFmm {
                 routes,
                 comm,
             )?;
+            stream.synchronize()?;
+            secs.upload += t.elapsed().as_secs_f64();
         }
-        stream.synchronize()?;
-        secs.upload = t.elapsed().as_secs_f64();
         run_passes(
             &self.kernels,
             &stream,
@@ -777,6 +784,9 @@ impl GpuFmm {
                 ));
             }
         };
+        if plan.upward_on_device {
+            upward_pass(&self.kernels, &stream, b, plan, &mut secs)?;
+        }
         run_passes(
             &self.kernels,
             &stream,
@@ -1616,9 +1626,10 @@ fn parents_by_level(plan: &DevicePlan) -> (Vec<u32>, Vec<(usize, usize)>) {
     (parents, by_level)
 }
 
-/// P2M, M2M per level, M2L, L2L per level, L2P and P2P on buffers `upload_plan` filled
-/// (positions and masses in tree order included), with the lists of `walked` when given,
-/// for the softening and G of `force`; their seconds into `secs`.
+/// M2L, L2L per level, L2P and P2P on buffers `upload_plan` filled (positions and masses in
+/// tree order included, and the multipoles: the plan's, or `upward_pass`'s), with the
+/// lists of `walked` when given, for the softening and G of `force`; their seconds into
+/// `secs`.
 fn run_passes(
     k: &Kernels,
     stream: &Arc<CudaStream>,
@@ -1634,9 +1645,6 @@ fn run_passes(
     let p = plan.order as i32;
     let levels = plan.level_start.len().saturating_sub(1);
     let n_leaves = plan.leaves.len() as u32;
-    if plan.multipoles.is_none() {
-        upward_pass(k, stream, b, plan, secs)?;
-    }
     // The lists: the device walk's, or those uploaded from the plan.
     let (m2l_spans, m2l_sources, p2p_spans, p2p_sources) = match walked {
         Some(w) => (
