@@ -1798,12 +1798,48 @@ fn a_payload_the_devices_move_gives_the_host_exchanges_forces() {
         );
         assert!(sa.let_cells > 0 && sa.let_particles > 0);
         eprintln!(
-            "LET bytes received: {} through the host's exchange; {} with the devices moving the payload",
-            sa.let_bytes_received, sb.let_bytes_received
+            "LET bytes received: {} through the host's exchange; {} through the host and {} from the devices when they move the payload",
+            sa.let_bytes_received, sb.let_bytes_received, sb.payload_bytes_received
         );
+        assert_eq!(sa.payload_bytes_received, 0);
+        assert!(sb.let_bytes_received < sa.let_bytes_received / 5);
     }
     eprintln!("devices' payload vs the host's exchange: worst relative difference {worst:.2e}");
     assert!(worst < 1e-12, "{worst:.2e}");
+}
+
+#[test]
+fn a_rank_without_particles_takes_part_when_the_devices_move_the_payload() {
+    // Two particles on three ranks: one rank has none, sends nothing and receives nothing,
+    // but joins every exchange; the two particles get the CPU ranks' forces.
+    use leapfmm::distributed::comm::{Communicator, ThreadRank, run_thread_ranks};
+    use leapfmm::distributed::driver::{DistributedFmm, evaluate_on_thread_ranks};
+    use leapfmm::fmm::p2p::NearFieldPrecision;
+    use leapfmm::fmm::solver::FmmSolver;
+    let (particles, settings) = distributed_cloud(NearFieldPrecision::Mixed);
+    let two = particles.slice(0..2);
+    let cpu = evaluate_on_thread_ranks(&two, &settings, 3, 1, None, None).unwrap();
+    let timeout = std::time::Duration::from_secs(60);
+    let per_rank = run_thread_ranks(3, 1, timeout, |comm: &ThreadRank| {
+        let (r, k) = (comm.rank(), comm.size());
+        let mut mine = two.slice(2 * r / k..2 * (r + 1) / k);
+        let mut solver =
+            DistributedFmm::new(comm.clone(), FmmSolver::new(settings.clone(), None), None)
+                .with_device(Box::new(Emulated { payload: true }));
+        solver.evaluate(&mut mine, None)?;
+        Ok::<_, leapfmm::gravity::GravityError>(mine)
+    })
+    .unwrap();
+    assert_eq!(per_rank.iter().filter(|p| p.is_empty()).count(), 1);
+    for mine in &per_rank {
+        for i in 0..mine.len() {
+            let k = mine.id[i] as usize;
+            let (a, b) = (cpu.acc[k], mine.acc[i]);
+            for c in 0..3 {
+                assert!((a[c] - b[c]).abs() <= 1e-5 * a[c].abs(), "{a:?} vs {b:?}");
+            }
+        }
+    }
 }
 
 #[test]

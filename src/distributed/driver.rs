@@ -41,10 +41,14 @@ pub struct RankStats {
     pub let_cells: usize,
     /// LET particles received.
     pub let_particles: usize,
-    /// Bytes of LET data sent (cells, multipoles, particles).
+    /// Bytes of LET data sent through the host (cells, and unless the devices move them,
+    /// multipoles and particles).
     pub let_bytes_sent: usize,
-    /// Bytes of LET data received.
+    /// Bytes of LET data received through the host.
     pub let_bytes_received: usize,
+    /// Bytes of LET payload (multipoles, positions, masses) the devices moved to this rank
+    /// (`super::payload`; 0 when it came through the host).
+    pub payload_bytes_received: usize,
     /// Bytes of other ranks' tree geometry received: their coarse top trees, the cells
     /// this rank's exports asked them for, and their 4-byte requests for this rank's cells.
     pub geometry_bytes_received: usize,
@@ -278,8 +282,8 @@ impl RemoteSource for Exchange<'_> {
         }
         if self.payload_on_device {
             let routes = payload_routes(tree, &packets, &counts, len);
-            self.stats.let_bytes_sent += routes.bytes_sent();
-            received += (0..k).map(|j| 8 * routes.receive_values(j)).sum::<usize>();
+            self.stats.payload_bytes_received =
+                (0..k).map(|j| 8 * routes.receive_values(j)).sum::<usize>();
             self.routes = Some(routes);
         }
         self.stats.let_bytes_received = received;
@@ -415,22 +419,36 @@ impl<C: Communicator> DistributedFmm<C> {
                 let mut stats =
                     self.solver
                         .plan_with(&particles.pos, &particles.mass, &particles.id, with)?;
-                let plan = self.solver.device_plan()?;
                 let caps = self.solver.caps().unwrap_or_default();
                 let force = (settings.softening, settings.g);
-                let forces = match &exchange.routes {
+                let (plan, forces) = match &exchange.routes {
                     Some(routes) => {
-                        routes
-                            .check(
-                                plan.own_cells,
-                                plan.own_particles,
-                                plan.centre.len(),
-                                plan.particles(),
-                            )
-                            .map_err(GravityError::Communication)?;
-                        device.run_passes_with_payload(&plan, &caps, force, routes, comm)?
+                        // The devices move the payload together (NCCL would wait for a
+                        // rank that gave up): all go on, or every rank stops here.
+                        let plan = self.solver.device_plan().and_then(|plan| {
+                            let (cells, n) = (plan.centre.len(), plan.particles());
+                            routes
+                                .check(plan.own_cells, plan.own_particles, cells, n)
+                                .map_err(GravityError::Communication)?;
+                            Ok(plan)
+                        });
+                        let ready =
+                            allreduce_sum(comm, &[u64::from(plan.is_ok())]).map_err(comm_err)?[0];
+                        let plan = plan?;
+                        if ready != comm.size() as u64 {
+                            return Err(GravityError::Device(
+                                "another rank could not run its passes on its device".into(),
+                            ));
+                        }
+                        let forces =
+                            device.run_passes_with_payload(&plan, &caps, force, routes, comm)?;
+                        (plan, forces)
                     }
-                    None => device.run_passes(&plan, &caps, force.0, force.1)?,
+                    None => {
+                        let plan = self.solver.device_plan()?;
+                        let forces = device.run_passes(&plan, &caps, force.0, force.1)?;
+                        (plan, forces)
+                    }
                 };
                 forces.write_to(
                     plan.order_of,
