@@ -259,7 +259,7 @@ fn report_distributed(out: &GatheredForces, ranks: usize, start: Instant) {
         let max = |f: &dyn Fn(&RankFigures) -> f64| all.iter().map(f).fold(0.0, f64::max);
         let wall = max(&|s| s.decomposition_s + s.exchange_s + s.local_s);
         println!(
-            "evaluation {}: {wall:.3} s on {ranks} ranks (slowest rank; phases, slowest rank each: decomposition {:.3}, LET exchange {:.3}, local FMM {:.3} s); load imbalance {:.3}; {} retries; LET received per rank at most {} cells, {} particles, {} bytes ({} bytes of tree geometry)",
+            "evaluation {}: {wall:.3} s on {ranks} ranks (slowest rank; phases, slowest rank each: decomposition {:.3}, LET exchange {:.3}, local FMM {:.3} s); load imbalance {:.3}; {} retries; LET received per rank at most {} cells, {} particles, {} bytes through the host ({} bytes of tree geometry) and {} from the devices",
             k + 1,
             max(&|s| s.decomposition_s),
             max(&|s| s.exchange_s),
@@ -270,6 +270,7 @@ fn report_distributed(out: &GatheredForces, ranks: usize, start: Instant) {
             max(&|s| s.let_particles),
             max(&|s| s.let_bytes_received),
             max(&|s| s.geometry_bytes_received),
+            max(&|s| s.payload_bytes_received),
         );
     }
     eprintln!(

@@ -563,7 +563,7 @@ fn caps_from_array(values: &[u64]) -> Caps {
 
 /// Diagnostics columns of a distributed evaluation beyond the local FMM's: (name, summed
 /// between rows).
-const RANK_COLUMNS: [(&str, bool); 11] = [
+const RANK_COLUMNS: [(&str, bool); 12] = [
     ("rank_particles", false),
     ("rank_migrated", true),
     ("rank_work", false),
@@ -572,13 +572,14 @@ const RANK_COLUMNS: [(&str, bool); 11] = [
     ("let_particles_received", false),
     ("let_bytes_sent", false),
     ("let_bytes_received", false),
+    ("let_payload_bytes_received", false),
     ("geometry_bytes_received", false),
     ("decomposition_s", true),
     ("exchange_s", true),
 ];
 
 impl RankStats {
-    fn values(&self) -> [f64; 11] {
+    fn values(&self) -> [f64; 12] {
         [
             self.particles as f64,
             self.migrated as f64,
@@ -588,6 +589,7 @@ impl RankStats {
             self.let_particles as f64,
             self.let_bytes_sent as f64,
             self.let_bytes_received as f64,
+            self.payload_bytes_received as f64,
             self.geometry_bytes_received as f64,
             self.decomposition_s,
             self.fmm.seconds.exchange,
@@ -706,8 +708,10 @@ pub struct RankFigures {
     pub let_cells: f64,
     /// LET particles received.
     pub let_particles: f64,
-    /// LET bytes received.
+    /// LET bytes received through the host.
     pub let_bytes_received: f64,
+    /// LET payload bytes the devices moved to the rank.
+    pub payload_bytes_received: f64,
     /// Top-tree bytes received.
     pub geometry_bytes_received: f64,
 }
@@ -725,6 +729,7 @@ impl From<&RankStats> for RankFigures {
             let_cells: s.let_cells as f64,
             let_particles: s.let_particles as f64,
             let_bytes_received: s.let_bytes_received as f64,
+            payload_bytes_received: s.payload_bytes_received as f64,
             geometry_bytes_received: s.geometry_bytes_received as f64,
         }
     }
