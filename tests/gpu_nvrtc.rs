@@ -87,18 +87,24 @@ fn forces_on_the_cuda_backend_without_a_driver_is_a_clear_error() {
     };
     let ics = run(&["ics", model.to_str().unwrap(), "--n", "300", "-o", "s.hdf5"]);
     assert!(ics.status.success());
-    let out = run(&[
-        "forces",
-        "s.hdf5",
-        "--softening",
-        "0.05",
-        "--backend",
-        "cuda",
-    ]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(stderr.contains("no CUDA driver"), "{stderr}");
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    for ranks in ["1", "2"] {
+        let out = run(&[
+            "forces",
+            "s.hdf5",
+            "--softening",
+            "0.05",
+            "--backend",
+            "cuda",
+            "--ranks",
+            ranks,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(stderr.contains("no CUDA driver"), "{stderr}");
+        assert!(!stderr.contains("panicked"), "{stderr}");
+        // On K ranks it says so before the CPU ranks' evaluation.
+        assert!(!stderr.contains("evaluation(s) on"), "{stderr}");
+    }
 }
 
 #[test]

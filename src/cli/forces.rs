@@ -196,6 +196,10 @@ pub fn execute(args: ForcesArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) 
         report_distributed(&out, comm.size(), start);
         return finish(path, data, p, &out.acc, &out.pot, &args, g, softening);
     }
+    if args.backend == BackendArg::Cuda && args.ranks > 1 {
+        // Before the CPU ranks' evaluation, which the GPU ranks' is compared with.
+        leapfmm::gpu::backend::probe().map_err(|e| anyhow::anyhow!("--backend cuda: {e}"))?;
+    }
     let (acc, pot) = if args.ranks > 1 {
         let start = Instant::now();
         let out = evaluate_on_thread_ranks(
