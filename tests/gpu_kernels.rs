@@ -1614,29 +1614,31 @@ impl leapfmm::fmm::solver::DevicePasses for Emulated {
         };
         let mut pos = plan.pos.as_flattened().to_vec();
         let mut mass = plan.mass.to_vec();
+        // Every rank's part gathered at once, as GpuFmm does, then cut into the messages.
+        let (rows, particles) = (routes.send_cells.concat(), routes.send_particles.concat());
+        let mut b = Vec::new();
+        let n = plan.pos.len();
+        let sizes = [
+            rows.len(),
+            plan.centre.len(),
+            routes.len,
+            particles.len(),
+            n,
+            64,
+        ];
+        u32_bytes(&mut b, &sizes.map(|v| v as u32));
+        u32_bytes(&mut b, &rows);
+        u32_bytes(&mut b, &particles);
+        f64_bytes(&mut b, multipoles.iter().copied());
+        f64_bytes(&mut b, pos.iter().copied());
+        f64_bytes(&mut b, mass.iter().copied());
+        let gathered = f64s(&run_harness("payload", &b));
+        let (m, rest) = gathered.split_at(rows.len() * routes.len);
+        let (x, q) = rest.split_at(3 * particles.len());
         let sends = (0..comm.size())
             .map(|j| {
-                let (rows, particles) = (&routes.send_cells[j], &routes.send_particles[j]);
-                if rows.is_empty() {
-                    return Vec::new();
-                }
-                let mut b = Vec::new();
-                let n = plan.pos.len();
-                let sizes = [
-                    rows.len(),
-                    plan.centre.len(),
-                    routes.len,
-                    particles.len(),
-                    n,
-                    64,
-                ];
-                u32_bytes(&mut b, &sizes.map(|v| v as u32));
-                u32_bytes(&mut b, rows);
-                u32_bytes(&mut b, particles);
-                f64_bytes(&mut b, multipoles.iter().copied());
-                f64_bytes(&mut b, pos.iter().copied());
-                f64_bytes(&mut b, mass.iter().copied());
-                run_harness("payload", &b)
+                let values = routes.message(j, m, x, q);
+                values.iter().flat_map(|v| v.to_le_bytes()).collect()
             })
             .collect();
         let received = comm

@@ -7,6 +7,8 @@
 //! host's communicator. Exact f64 both ways, so a cell's multipole is the sender's own
 //! bits, as with `WirePrecision::Double`.
 
+use std::ops::Range;
+
 /// Where one sender's payload lands in the receiver's plan: its cells and particles are
 /// contiguous there (`FmmSolver` appends each sender's tree in one piece, in rank order).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,6 +59,41 @@ impl PayloadRoutes {
     pub fn receive_values(&self, from: usize) -> usize {
         let l = &self.receive[from];
         l.cells * self.len + 4 * l.particles
+    }
+
+    /// Where each rank's part lies in the gathered send buffers (every rank's part after
+    /// the previous rank's: `send_cells` and `send_particles` concatenated), as a range of
+    /// multipole values and a range of particles.
+    pub fn send_parts(&self) -> Vec<(Range<usize>, Range<usize>)> {
+        let (mut cells, mut particles) = (0, 0);
+        (0..self.send_cells.len())
+            .map(|j| {
+                let (c, p) = (self.send_cells[j].len(), self.send_particles[j].len());
+                let part = (
+                    cells * self.len..(cells + c) * self.len,
+                    particles..particles + p,
+                );
+                (cells, particles) = (cells + c, particles + p);
+                part
+            })
+            .collect()
+    }
+
+    /// The message to rank `to`, from the gathered send buffers (`send_parts`): the
+    /// multipoles (`rows`), the flat positions and the masses.
+    pub fn message(&self, to: usize, rows: &[f64], pos: &[f64], mass: &[f64]) -> Vec<f64> {
+        let (m, q) = self.send_parts().swap_remove(to);
+        [&rows[m], &pos[3 * q.start..3 * q.end], &mass[q]].concat()
+    }
+
+    /// Where what rank `from` sends lands in the plan: a range of multipole values and a
+    /// range of particles.
+    pub fn landing(&self, from: usize) -> (Range<usize>, Range<usize>) {
+        let l = &self.receive[from];
+        (
+            l.first_cell * self.len..(l.first_cell + l.cells) * self.len,
+            l.first_particle..l.first_particle + l.particles,
+        )
     }
 
     /// Bytes this rank sends in all.
@@ -134,10 +171,10 @@ impl PayloadRoutes {
         mass: &mut [f64],
     ) -> Result<(), String> {
         let m = self.split(from, message)?;
-        let l = &self.receive[from];
-        multipoles[l.first_cell * self.len..][..m.multipoles.len()].copy_from_slice(m.multipoles);
-        pos[3 * l.first_particle..][..m.pos.len()].copy_from_slice(m.pos);
-        mass[l.first_particle..][..m.mass.len()].copy_from_slice(m.mass);
+        let (cells, particles) = self.landing(from);
+        multipoles[cells].copy_from_slice(m.multipoles);
+        pos[3 * particles.start..3 * particles.end].copy_from_slice(m.pos);
+        mass[particles].copy_from_slice(m.mass);
         Ok(())
     }
 }
@@ -177,6 +214,30 @@ mod tests {
         assert_eq!(q, [0.0, 0.0, 0.0, 0.0, 0.5, 0.25]);
         let short = r.land(1, &message[1..], &mut m, &mut x, &mut q);
         assert!(short.unwrap_err().contains("rank 1 sent 9 payload values"));
+    }
+
+    #[test]
+    fn each_ranks_message_is_its_part_of_the_gathered_buffers() {
+        let r = PayloadRoutes {
+            len: 2,
+            send_cells: vec![vec![4], vec![], vec![0, 1]],
+            send_particles: vec![vec![], vec![], vec![7, 8]],
+            receive: vec![Landing::default(); 3],
+        };
+        assert_eq!(r.send_parts(), [(0..2, 0..0), (2..2, 0..0), (2..6, 0..2)]);
+        let rows = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let pos = [10.0, 11.0, 12.0, 20.0, 21.0, 22.0];
+        let mass = [0.5, 0.25];
+        assert_eq!(r.message(0, &rows, &pos, &mass), [1.0, 2.0]);
+        assert!(r.message(1, &rows, &pos, &mass).is_empty());
+        let to_2 = r.message(2, &rows, &pos, &mass);
+        assert_eq!(
+            to_2,
+            [
+                3.0, 4.0, 5.0, 6.0, 10.0, 11.0, 12.0, 20.0, 21.0, 22.0, 0.5, 0.25
+            ]
+        );
+        assert_eq!(to_2.len(), r.send_values(2));
     }
 
     #[test]

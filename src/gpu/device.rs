@@ -1855,40 +1855,28 @@ fn move_payload(
         // SAFETY: as above, for gather_tree_order: np indices of own particles.
         unsafe { launch.launch(grid(np)) }?;
     }
-    // Where each rank's part starts in the gathered buffers.
-    let ranks = routes.receive.len();
-    let mut sent = Vec::with_capacity(ranks);
-    let (mut r0, mut p0) = (0, 0);
-    for j in 0..ranks {
-        let (r, p) = (routes.send_cells[j].len(), routes.send_particles[j].len());
-        sent.push(((r0 * len, (r0 + r) * len), (p0, p0 + p)));
-        r0 += r;
-        p0 += p;
-    }
+    let parts = routes.send_parts();
     match link {
         Some(link) => {
             let nccl = link.comm();
             let err = |e| GpuError::Driver(format!("NCCL: {e:?}"));
             cudarc::nccl::safe::group_start().map_err(err)?;
-            for (j, &((m0, m1), (q0, q1))) in sent.iter().enumerate() {
+            for (j, (m, q)) in parts.into_iter().enumerate() {
                 let peer = j as i32;
-                if m1 > m0 {
-                    nccl.send(&s.multipoles.buf.slice(m0..m1), peer)
-                        .map_err(err)?;
+                if !m.is_empty() {
+                    nccl.send(&s.multipoles.buf.slice(m), peer).map_err(err)?;
                 }
-                if q1 > q0 {
-                    nccl.send(&s.pos.buf.slice(3 * q0..3 * q1), peer)
-                        .map_err(err)?;
-                    nccl.send(&s.mass.buf.slice(q0..q1), peer).map_err(err)?;
+                if !q.is_empty() {
+                    let x = 3 * q.start..3 * q.end;
+                    nccl.send(&s.pos.buf.slice(x), peer).map_err(err)?;
+                    nccl.send(&s.mass.buf.slice(q), peer).map_err(err)?;
                 }
-                let l = routes.receive[j];
-                if l.cells > 0 {
-                    let m = l.first_cell * len..(l.first_cell + l.cells) * len;
+                let (m, q) = routes.landing(j);
+                if !m.is_empty() {
                     nccl.recv(&mut b.multipoles.buf.slice_mut(m), peer)
                         .map_err(err)?;
                 }
-                if l.particles > 0 {
-                    let q = l.first_particle..l.first_particle + l.particles;
+                if !q.is_empty() {
                     let x = 3 * q.start..3 * q.end;
                     nccl.recv(&mut b.pos.buf.slice_mut(x), peer).map_err(err)?;
                     nccl.recv(&mut b.mass.buf.slice_mut(q), peer).map_err(err)?;
@@ -1900,12 +1888,8 @@ fn move_payload(
             let m = stream.clone_dtoh(&s.multipoles.buf.slice(0..nr * len))?;
             let x = stream.clone_dtoh(&s.pos.buf.slice(0..3 * np))?;
             let q = stream.clone_dtoh(&s.mass.buf.slice(0..np))?;
-            let messages = sent
-                .iter()
-                .map(|&((m0, m1), (q0, q1))| {
-                    let parts = [&m[m0..m1], &x[3 * q0..3 * q1], &q[q0..q1]];
-                    bytemuck::cast_slice::<f64, u8>(&parts.concat()).to_vec()
-                })
+            let messages = (0..parts.len())
+                .map(|j| bytemuck::cast_slice(&routes.message(j, &m, &x, &q)).to_vec())
                 .collect();
             let received = comm
                 .alltoall_bytes(messages)
@@ -1913,16 +1897,14 @@ fn move_payload(
             for (j, bytes) in received.iter().enumerate() {
                 let values: Vec<f64> = bytemuck::pod_collect_to_vec(bytes);
                 let part = routes.split(j, &values).map_err(GpuError::Unsupported)?;
-                let l = routes.receive[j];
-                if l.cells > 0 {
-                    let at = l.first_cell * len..(l.first_cell + l.cells) * len;
-                    stream.memcpy_htod(part.multipoles, &mut b.multipoles.buf.slice_mut(at))?;
+                let (m, q) = routes.landing(j);
+                if !m.is_empty() {
+                    stream.memcpy_htod(part.multipoles, &mut b.multipoles.buf.slice_mut(m))?;
                 }
-                if l.particles > 0 {
-                    let at = l.first_particle..l.first_particle + l.particles;
-                    let x = 3 * at.start..3 * at.end;
+                if !q.is_empty() {
+                    let x = 3 * q.start..3 * q.end;
                     stream.memcpy_htod(part.pos, &mut b.pos.buf.slice_mut(x))?;
-                    stream.memcpy_htod(part.mass, &mut b.mass.buf.slice_mut(at))?;
+                    stream.memcpy_htod(part.mass, &mut b.mass.buf.slice_mut(q))?;
                 }
             }
         }
