@@ -54,24 +54,13 @@ pub fn connect(
     own_gpu: bool,
 ) -> Result<Option<NcclLink>, String> {
     let (rank, ranks) = (comm.rank(), comm.size());
-    let able = u64::from(own_gpu && nccl_present());
-    let all_able = allreduce_sum(comm, &[able]).map_err(|e| e.to_string())?[0];
-    if ranks < 2 || all_able != ranks as u64 {
-        return Ok(None);
-    }
-    // Rank 0's id, as bytes, to everyone. An id that could not be made travels as an
-    // empty message, so that every rank gives up together.
-    let mine: Vec<u8> = if rank == 0 {
-        match Id::new() {
-            Ok(id) => id.internal().iter().map(|&c| c as u8).collect(),
-            Err(_) => Vec::new(),
-        }
-    } else {
-        Vec::new()
+    let able = own_gpu && nccl_present();
+    let make_id = || {
+        let id = Id::new().ok()?;
+        Some(id.internal().map(|c| c as u8))
     };
-    let ids = allgatherv(comm, &mine).map_err(|e| e.to_string())?;
-    let Ok(internal) = <[u8; 128]>::try_from(ids[0].as_slice()) else {
-        return Err("rank 0 could not make an NCCL id".into());
+    let Some(internal) = agree_on_id(comm, able, make_id)? else {
+        return Ok(None);
     };
     let id = Id::uninit(internal.map(|b| b as core::ffi::c_char));
     stream
@@ -81,4 +70,72 @@ pub fn connect(
     let comm = Comm::from_rank(stream.clone(), rank, ranks, id)
         .map_err(|e| format!("NCCL could not join rank {rank} of {ranks}: {e:?}"))?;
     Ok(Some(NcclLink { comm }))
+}
+
+/// The ranks' collective decision for `connect`: `None` on every rank unless there are
+/// several and every one is `able`; then rank 0's id (`make_id`, called there only) on
+/// every rank, or the same error on every rank when rank 0 could not make one.
+fn agree_on_id(
+    comm: &dyn Communicator,
+    able: bool,
+    make_id: impl FnOnce() -> Option<[u8; 128]>,
+) -> Result<Option<[u8; 128]>, String> {
+    let ranks = comm.size();
+    let all_able = allreduce_sum(comm, &[u64::from(able)]).map_err(|e| e.to_string())?[0];
+    if ranks < 2 || all_able != ranks as u64 {
+        return Ok(None);
+    }
+    // An id that could not be made travels as an empty message, so that every rank gives
+    // up together.
+    let mine = match comm.rank() {
+        0 => make_id().map(|id| id.to_vec()).unwrap_or_default(),
+        _ => Vec::new(),
+    };
+    let ids = allgatherv(comm, &mine).map_err(|e| e.to_string())?;
+    match <[u8; 128]>::try_from(ids[0].as_slice()) {
+        Ok(id) => Ok(Some(id)),
+        Err(_) => Err("rank 0 could not make an NCCL id".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::distributed::comm::{ThreadRank, run_thread_ranks};
+    use std::time::Duration;
+
+    /// `agree_on_id` on three thread ranks, rank r able when `able[r]`, rank 0's id
+    /// `made`; each rank's outcome.
+    fn agree(able: [bool; 3], made: Option<[u8; 128]>) -> Vec<Result<Option<[u8; 128]>, String>> {
+        let timeout = Duration::from_secs(60);
+        run_thread_ranks(3, 1, timeout, |comm: &ThreadRank| {
+            let r = comm.rank();
+            let outcome = agree_on_id(comm, able[r], || {
+                assert_eq!(r, 0, "only rank 0 makes the id");
+                made
+            });
+            Ok::<_, String>(outcome)
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn every_rank_takes_rank_0s_id_or_none_does() {
+        let id = std::array::from_fn(|i| i as u8);
+        assert!(
+            agree([true; 3], Some(id))
+                .iter()
+                .all(|o| *o == Ok(Some(id)))
+        );
+        // One rank without a GPU of its own or the library: no rank makes or joins one.
+        let none = agree([true, false, true], Some(id));
+        assert!(none.iter().all(|o| *o == Ok(None)));
+        // Rank 0 could not make the id: every rank says so.
+        let failed = agree([true; 3], None);
+        assert!(
+            failed
+                .iter()
+                .all(|o| o.as_ref().is_err_and(|e| e.contains("rank 0")))
+        );
+    }
 }
