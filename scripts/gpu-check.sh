@@ -6,7 +6,8 @@
 # the GPU-vs-CPU difference of the FMM passes on the Milky Way model and the GPU timings, on
 # one rank and on two thread ranks sharing the GPU.
 #   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; OUT=/tmp/gpu-check)
-# The host still builds the tree and the lists (CPU); the GPU line times the device passes,
+# The host still builds the tree and the lists (CPU); the GPU line times the device passes
+# (and gives the P2P kernel's rate in particle pairs per second, target ≥ 1.3e12),
 # the "GPU tree order" lines the device's keys and sort, the "GPU cells" lines its split
 # into cells, the "GPU cell moments" lines its masses, centres and radii of the cells and the
 # "GPU walk" lines its lists (what a run does each step), checked against the host's tree,

@@ -358,13 +358,15 @@ fn on_gpu(
         lengths.bytes_per_particle()
     );
     let (mut acc, mut pot) = (vec![[0.0; 3]; n], vec![0.0; n]);
+    // Particle pairs of the P2P pass (each leaf with itself included): its rate.
+    let interactions = plan.p2p_interactions() as f64;
     for k in 0..args.repeat {
         let start = Instant::now();
         let out = gpu.evaluate(&plan, &caps, settings.softening, settings.g)?;
         let s = out.seconds;
         let secs = start.elapsed().as_secs_f64();
         println!(
-            "GPU evaluation {}: {secs:.3} s ({:.3e} particles/s; host tree and lists not included): upload {:.3} upward {:.3} m2l {:.3} downward {:.3} p2p {:.3} download {:.3} s",
+            "GPU evaluation {}: {secs:.3} s ({:.3e} particles/s; host tree and lists not included): upload {:.3} upward {:.3} m2l {:.3} downward {:.3} p2p {:.3} download {:.3} s; P2P kernel {:.3e} interactions/s ({:.3e} pairs)",
             k + 1,
             n as f64 / secs,
             s.upload,
@@ -372,7 +374,9 @@ fn on_gpu(
             s.m2l,
             s.downward,
             s.p2p,
-            s.download
+            s.download,
+            interactions / s.p2p.max(f64::MIN_POSITIVE),
+            interactions
         );
         for (sorted, &orig) in plan.order_of.iter().enumerate() {
             acc[orig as usize] = out.acc[sorted];
