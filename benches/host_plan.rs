@@ -21,7 +21,6 @@ use leapfmm::fmm::traversal::Mac;
 use leapfmm::fmm::tree::{CellColumns, CellsOverflow, MOMENT_VALUES, SortedParticles, Tree};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::GravityError;
-use leapfmm::gravity::{Softening, SofteningKernel};
 use leapfmm::particles::Particles;
 use rayon::prelude::*;
 use std::time::Instant;
@@ -36,11 +35,7 @@ fn main() {
         .unwrap_or(10_000_000);
     let w = Workload::DiskInHalo;
     let p = w.particles(n, 1);
-    let softening = Softening {
-        kernel: SofteningKernel::Spline,
-        epsilon: w.softening(n),
-    };
-    let settings = FmmSettings::defaults(softening, w.g());
+    let settings = w.fmm_settings(n);
     let mut solver = FmmSolver::new(settings.clone(), None);
     println!(
         "host plan, {} N = {n}, {} threads",

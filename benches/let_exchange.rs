@@ -17,8 +17,8 @@ use leapfmm::distributed::driver::{DistributedFmm, RankStats};
 use leapfmm::distributed::payload::PayloadRoutes;
 use leapfmm::fmm::caps::Caps;
 use leapfmm::fmm::solver::{DeviceForces, DevicePasses, DevicePlan};
-use leapfmm::fmm::{FmmSettings, FmmSolver};
-use leapfmm::gravity::{GravityError, Softening, SofteningKernel};
+use leapfmm::fmm::FmmSolver;
+use leapfmm::gravity::{GravityError, Softening};
 use std::time::Duration;
 
 /// Evaluations timed after the first (which finds the caps and the first decomposition).
@@ -77,11 +77,7 @@ fn main() {
     let (n, ranks) = (var("LET_N", 1_000_000), var("LET_RANKS", 4));
     let w = Workload::DiskInHalo;
     let p = w.particles(n, 1);
-    let softening = Softening {
-        kernel: SofteningKernel::Spline,
-        epsilon: w.softening(n),
-    };
-    let settings = FmmSettings::defaults(softening, w.g());
+    let settings = w.fmm_settings(n);
     let threads = (rayon::current_num_threads() / ranks).max(1);
     println!(
         "LET exchange, {} N = {n} on {ranks} thread ranks of {threads} thread(s) each",

@@ -1661,6 +1661,14 @@ impl leapfmm::fmm::solver::DevicePasses for Emulated {
     }
 }
 
+/// The larger of the relative differences of `b`'s acceleration and potential from `a`'s.
+fn relative_difference(a: ([f64; 3], f64), b: ([f64; 3], f64)) -> f64 {
+    let ((x, p), (y, q)) = (a, b);
+    let norm = (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt();
+    let d = (0..3).map(|c| (x[c] - y[c]).powi(2)).sum::<f64>().sqrt();
+    (d / norm).max(((q - p) / p).abs())
+}
+
 /// Forces of `particles` from `settings` on three thread ranks with their passes on
 /// `device` (each rank starts from its third in the input order), and each rank's figures.
 fn on_three_emulated_ranks(
@@ -1756,12 +1764,8 @@ fn device_passes_on_three_ranks_give_the_cpu_distributed_forces() {
             );
             for i in 0..mine.len() {
                 let k = mine.id[i] as usize;
-                let (a, b) = (cpu.acc[k], mine.acc[i]);
-                let norm = (a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt();
-                let d = (0..3).map(|c| (a[c] - b[c]).powi(2)).sum::<f64>().sqrt();
-                worst = worst
-                    .max(d / norm)
-                    .max(((mine.pot[i] - cpu.pot[k]) / cpu.pot[k]).abs());
+                let d = relative_difference((cpu.acc[k], cpu.pot[k]), (mine.acc[i], mine.pot[i]));
+                worst = worst.max(d);
                 seen += 1;
             }
         }
@@ -1787,12 +1791,8 @@ fn a_payload_the_devices_move_gives_the_host_exchanges_forces() {
     for ((a, sa), (b, sb)) in host.iter().zip(&device) {
         assert_eq!(a.id, b.id);
         for i in 0..a.len() {
-            let (x, y) = (a.acc[i], b.acc[i]);
-            let norm = (x[0] * x[0] + x[1] * x[1] + x[2] * x[2]).sqrt();
-            let d = (0..3).map(|c| (x[c] - y[c]).powi(2)).sum::<f64>().sqrt();
-            worst = worst
-                .max(d / norm)
-                .max(((a.pot[i] - b.pot[i]) / a.pot[i]).abs());
+            let d = relative_difference((a.acc[i], a.pot[i]), (b.acc[i], b.pot[i]));
+            worst = worst.max(d);
         }
         assert_eq!(
             (sa.let_cells, sa.let_particles),
