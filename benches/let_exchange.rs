@@ -15,9 +15,9 @@ use leapfmm::bench::Workload;
 use leapfmm::distributed::comm::{Communicator, ThreadRank, run_thread_ranks};
 use leapfmm::distributed::driver::{DistributedFmm, RankStats};
 use leapfmm::distributed::payload::PayloadRoutes;
+use leapfmm::fmm::FmmSolver;
 use leapfmm::fmm::caps::Caps;
 use leapfmm::fmm::solver::{DeviceForces, DevicePasses, DevicePlan};
-use leapfmm::fmm::FmmSolver;
 use leapfmm::gravity::{GravityError, Softening};
 use std::time::Duration;
 
