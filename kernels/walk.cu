@@ -13,9 +13,12 @@
 // or a ring that overflows is counted in `problems`: the host then walks itself.
 
 // Opened sources waiting in one target's ring (a power of two; the emulation tests build
-// a smaller one to make it overflow).
+// a smaller one to make it overflow). The Milky Way model at 1e7 (default settings) needs
+// more than 1024 for 18 targets of its first step and more than 4096 for 2 of its fourth
+// (first seen on an H200, 2026-12-04): a large leaf next to the dense bulge opens its
+// sources down to many small leaves. 16384 is enough there.
 #ifndef WALK_QUEUE
-#define WALK_QUEUE 1024
+#define WALK_QUEUE 16384
 #endif
 // Relative band around the MAC's thresholds inside which the square root decides
 // (traversal.rs: MAC_BAND).

@@ -47,6 +47,7 @@
 #include "../moments.cu"
 #include "../walk.cu"
 #include "../split.cu"
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -395,7 +396,9 @@ int main(int argc, char** argv) {
         auto parent = in.many<uint32_t>(cells);
         auto level_start = in.many<uint32_t>(levels + 1);
         std::vector<uint64_t> m2l_spans(cells), p2p_spans(cells), pairs(cells), deferred_span[2];
-        std::vector<uint32_t> m2l_list, p2p_list, deferred[2], ring((size_t)chunk * WALK_QUEUE);
+        // No launch has more targets than there are cells.
+        std::vector<uint32_t> m2l_list, p2p_list, deferred[2],
+            ring((size_t)std::min(chunk, cells) * WALK_QUEUE);
         deferred_span[0].resize(cells);
         deferred_span[1].resize(cells);
         deferred[0].resize(1);

@@ -148,7 +148,7 @@ impl DeviceLengths {
 
     /// Bytes of device memory per particle of a run: the evaluation's buffers, the
     /// resident state, and the cell moments and walk found on the device (its lists counted
-    /// once, here in the evaluation's; the walk's fixed 64 MiB of rings and the sources it
+    /// once, here in the evaluation's; the walk's fixed 1 GiB of rings and the sources it
     /// hands from level to level left out).
     pub fn bytes_per_particle(&self) -> f64 {
         let moments = super::sort::moments_bytes(self.particles, self.cells);

@@ -27,7 +27,7 @@ pub const ANCESTOR_THREADS: u32 = 256;
 /// opened sources (walk.cu), so this bounds the rings' memory.
 pub const WALK_CHUNK: usize = 16_384;
 /// Entries of a target's ring of opened sources (`WALK_QUEUE` in walk.cu).
-pub const WALK_QUEUE: usize = 1024;
+pub const WALK_QUEUE: usize = 16384;
 
 /// Threads of a `sort_scan` block (`SCAN_THREADS` in split.cu).
 pub const SCAN_THREADS: u32 = 256;
@@ -93,7 +93,7 @@ pub fn moments_bytes(particles: usize, cells: usize) -> usize {
     4 * particles + (7 * 4 + (1 + 3 + 1 + 5) * 8) * cells + 4 * LEVEL_SLOTS
 }
 
-/// Bytes of device memory the rings of one `walk_level` launch take (64 MiB, whatever the
+/// Bytes of device memory the rings of one `walk_level` launch take (1 GiB, whatever the
 /// number of particles).
 pub const WALK_RING_BYTES: usize = 4 * WALK_CHUNK * WALK_QUEUE;
 
