@@ -186,11 +186,17 @@ extern "C" __global__ void l2l_cells(
 // the warp, so every thread gets about the same number of terms; each piece is summed over
 // the sources in list order in its own shared slot, and at the end each output adds its
 // pieces in increasing n: a fixed order, so the result does not change from run to run.
+//
+// The shared arrays are sized for the largest order a kernel takes: `m2l_cells` any up to
+// LEAPFMM_MAX_ORDER (12.7 KB, 16 blocks per SM on an H200, occupancy 25%), `m2l_cells_p8`
+// orders up to 8 (5.2 KB; the registers then allow 28 blocks per SM).
 #define M2L_THREADS 32
-// Pieces of order LEAPFMM_MAX_ORDER: Σ_k (k + 1)(p - k + 1) for p = 12.
-#define M2L_MAX_PIECES 455
-// Complex values of an expansion with the negative orders written out: (p + 1)^2.
-#define M2L_FULL ((LEAPFMM_MAX_ORDER + 1) * (LEAPFMM_MAX_ORDER + 1))
+// Largest order of `m2l_cells_p8`.
+#define M2L_SMALL_ORDER 8
+// Pieces of order P: Σ_k (k + 1)(P - k + 1).
+#define M2L_PIECES(P) (((P) + 1) * ((P) + 2) * ((P) + 3) / 6)
+// Complex values of an expansion of order P with the negative orders written out.
+#define M2L_FULL(P) (((P) + 1) * ((P) + 1))
 
 // Index of (n, m), -n <= m <= n, in an expansion with the negative orders written out.
 __device__ __forceinline__ int full_index(int n, int m) { return n * n + n + m; }
@@ -212,15 +218,16 @@ __device__ __forceinline__ int dealt(int round, int lane) {
     return round * M2L_THREADS + ((round % 2 == 0) ? lane : M2L_THREADS - 1 - lane);
 }
 
-extern "C" __global__ void m2l_cells(
+template <int MAXP>
+__device__ __forceinline__ void m2l_block(
     const unsigned* __restrict__ targets, unsigned count,
     const unsigned long long* __restrict__ spans, const unsigned* __restrict__ sources,
     const double* __restrict__ centre,
     const double* __restrict__ multipoles, int p, double* __restrict__ locals)
 {
-    __shared__ double m_full[2 * M2L_FULL];
-    __shared__ double i_full[2 * M2L_FULL];
-    __shared__ double part[2 * M2L_MAX_PIECES];
+    __shared__ double m_full[2 * M2L_FULL(MAXP)];
+    __shared__ double i_full[2 * M2L_FULL(MAXP)];
+    __shared__ double part[2 * M2L_PIECES(MAXP)];
     const unsigned t = blockIdx.x;
     const int lane = (int)threadIdx.x;
     if (t >= count) {
@@ -338,4 +345,24 @@ extern "C" __global__ void m2l_cells(
         out[2 * c] += sign * re;
         out[2 * c + 1] += sign * im;
     }
+}
+
+// M2L for any order up to LEAPFMM_MAX_ORDER.
+extern "C" __global__ void m2l_cells(
+    const unsigned* __restrict__ targets, unsigned count,
+    const unsigned long long* __restrict__ spans, const unsigned* __restrict__ sources,
+    const double* __restrict__ centre,
+    const double* __restrict__ multipoles, int p, double* __restrict__ locals)
+{
+    m2l_block<LEAPFMM_MAX_ORDER>(targets, count, spans, sources, centre, multipoles, p, locals);
+}
+
+// M2L for orders up to M2L_SMALL_ORDER (the default 7 among them), with less shared memory.
+extern "C" __global__ void m2l_cells_p8(
+    const unsigned* __restrict__ targets, unsigned count,
+    const unsigned long long* __restrict__ spans, const unsigned* __restrict__ sources,
+    const double* __restrict__ centre,
+    const double* __restrict__ multipoles, int p, double* __restrict__ locals)
+{
+    m2l_block<M2L_SMALL_ORDER>(targets, count, spans, sources, centre, multipoles, p, locals);
 }

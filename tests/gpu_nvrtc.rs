@@ -33,6 +33,7 @@ fn kernels_compile_with_nvrtc_and_the_ptx_cache_is_reused() {
         "conserved_chunks",
         "p2m_leaves",
         "m2l_cells",
+        "m2l_cells_p8",
         "l2p_particles",
         "bounds_blocks",
         "morton_keys",

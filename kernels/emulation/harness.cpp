@@ -274,7 +274,7 @@ int main(int argc, char** argv) {
         size_t len = (size_t)(p + 1) * (p + 2);
         auto m = in.many<double>(cells * len);
         std::vector<double> l(cells * len, 0.0);
-        launch(count, M2L_THREADS, m2l_cells, (const unsigned*)which.data(),
+        launch(count, M2L_THREADS, (int)p <= M2L_SMALL_ORDER ? m2l_cells_p8 : m2l_cells, (const unsigned*)which.data(),
                (unsigned)count, (const unsigned long long*)spans.data(), (const unsigned*)list.data(),
                (const double*)centre.data(), (const double*)m.data(), (int)p, l.data());
         put(out, l);
@@ -333,7 +333,7 @@ int main(int argc, char** argv) {
         }
         std::vector<unsigned> all(cells);
         for (unsigned c = 0; c < cells; ++c) all[c] = c;
-        launch(own_cells, M2L_THREADS, m2l_cells, (const unsigned*)all.data(), (unsigned)own_cells,
+        launch(own_cells, M2L_THREADS, (int)p <= M2L_SMALL_ORDER ? m2l_cells_p8 : m2l_cells, (const unsigned*)all.data(), (unsigned)own_cells,
                (const unsigned long long*)m2l_spans.data(), (const unsigned*)m2l_list.data(),
                (const double*)centre.data(), (const double*)multipoles.data(), (int)p,
                locals.data());

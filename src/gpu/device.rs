@@ -19,7 +19,9 @@
 //! where they match the CPU backend. Not yet verified on a GPU: no device was lent while it
 //! was written (scripts/gpu-check.sh is the check).
 
-use super::memory::{DeviceLengths, M2L_THREADS, THREADS_PER_BLOCK, resident_f64_counts};
+use super::memory::{
+    DeviceLengths, M2L_SMALL_ORDER, M2L_THREADS, THREADS_PER_BLOCK, resident_f64_counts,
+};
 use super::nccl::NcclLink;
 use super::nvrtc::{KernelError, compile_all};
 use super::sort::{
@@ -115,6 +117,8 @@ struct Kernels {
     p2m: CudaFunction,
     m2m: CudaFunction,
     m2l: CudaFunction,
+    /// M2L for orders up to `M2L_SMALL_ORDER`, with more blocks per SM.
+    m2l_small: CudaFunction,
     l2l: CudaFunction,
     l2p: CudaFunction,
     p2p: CudaFunction,
@@ -584,6 +588,7 @@ impl GpuFmm {
             p2m: function("expansions.cu", "p2m_leaves")?,
             m2m: function("expansions.cu", "m2m_cells")?,
             m2l: function("expansions.cu", "m2l_cells")?,
+            m2l_small: function("expansions.cu", "m2l_cells_p8")?,
             l2l: function("expansions.cu", "l2l_cells")?,
             l2p: function("expansions.cu", "l2p_particles")?,
             p2p: function("p2p.cu", "p2p_leaves")?,
@@ -1663,7 +1668,11 @@ fn run_passes(
 
     let t = Instant::now();
     let cells32 = cells as u32;
-    let mut launch = stream.launch_builder(&k.m2l);
+    let m2l = match plan.order <= M2L_SMALL_ORDER {
+        true => &k.m2l_small,
+        false => &k.m2l,
+    };
+    let mut launch = stream.launch_builder(m2l);
     launch
         .arg(&b.all.buf)
         .arg(&cells32)
@@ -1671,7 +1680,8 @@ fn run_passes(
         .arg(m2l_sources)
         .arg(&b.centre.buf);
     launch.arg(&b.multipoles.buf).arg(&p).arg(&mut b.locals.buf);
-    // SAFETY: the arguments match m2l_cells's signature and the buffers' sizes; one block
+    // SAFETY: the arguments match m2l_cells's (and m2l_cells_p8's, the same) signature and
+    // the buffers' sizes; the order is at most the kernel's largest; one block
     // of M2L_THREADS per target cell.
     let per_target = LaunchConfig {
         grid_dim: (cells32.max(1), 1, 1),

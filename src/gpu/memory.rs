@@ -25,6 +25,9 @@ pub const THREADS_PER_BLOCK: u32 = 128;
 
 /// Threads of an M2L block, one block per target cell (`M2L_THREADS` in expansions.cu).
 pub const M2L_THREADS: u32 = 32;
+/// Largest expansion order of the M2L kernel with less shared memory, `m2l_cells_p8`
+/// (`M2L_SMALL_ORDER` in expansions.cu).
+pub const M2L_SMALL_ORDER: usize = 8;
 
 /// Element counts of the resident state of `particles` particles, in the order
 /// `DeviceState` keeps them: positions, velocities, masses, accelerations, potentials (the

@@ -137,6 +137,10 @@ mod tests {
             define::<u64>("expansions.cu", "M2L_THREADS")
         );
         assert_eq!(
+            crate::gpu::memory::M2L_SMALL_ORDER as u64,
+            define::<u64>("expansions.cu", "M2L_SMALL_ORDER")
+        );
+        assert_eq!(
             u64::from(ANCESTOR_THREADS),
             define::<u64>("moments.cu", "ANCESTOR_THREADS")
         );
