@@ -16,8 +16,9 @@
 //! rank's walk needs) goes from this device's plan straight into the other ranks' plans
 //! (`run_passes_with_payload`: NCCL when linked, `connect_ranks`, else through the host).
 //! The same kernels run under the CPU emulation in tests/gpu_kernels.rs,
-//! where they match the CPU backend. Not yet verified on a GPU: no device was lent while it
-//! was written (scripts/gpu-check.sh is the check).
+//! where they match the CPU backend; scripts/gpu-check.sh checks them on a lent GPU (first run
+//! on an H200 on 2026-12-04: the one-rank and K-rank-on-host-link paths, docs/benchmarks.md;
+//! the NCCL link needs a machine with a GPU per rank and has not run yet).
 
 use super::memory::{
     DeviceLengths, M2L_SMALL_ORDER, M2L_THREADS, THREADS_PER_BLOCK, resident_f64_counts,
