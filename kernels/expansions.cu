@@ -314,17 +314,30 @@ __device__ __forceinline__ void m2l_block(
                 int k = 0;
                 while ((k + 1) * (k + 2) / 2 <= c) ++k;
                 const int l = c - k * (k + 1) / 2;
-                double re = 0.0, im = 0.0;
                 const double* mm = &m_full[2 * full_index(n, -n)];
                 const double* ii = &i_full[2 * full_index(n + k, l - n)];
-                for (int j = 0; j <= 2 * n; ++j) {
+                // Two chains of sums (even and odd terms), so that a term does not wait for
+                // the previous one's result: the loop is latency-bound.
+                double re0 = 0.0, im0 = 0.0, re1 = 0.0, im1 = 0.0;
+                int j = 0;
+                for (; j + 1 <= 2 * n; j += 2) {
                     const double mr = mm[2 * j], mi = mm[2 * j + 1];
                     const double ir = ii[2 * j], ic = ii[2 * j + 1];
-                    re += mr * ir - mi * ic;
-                    im += mr * ic + mi * ir;
+                    const double nr = mm[2 * j + 2], ni = mm[2 * j + 3];
+                    const double jr = ii[2 * j + 2], jc = ii[2 * j + 3];
+                    re0 += mr * ir - mi * ic;
+                    im0 += mr * ic + mi * ir;
+                    re1 += nr * jr - ni * jc;
+                    im1 += nr * jc + ni * jr;
                 }
-                part[2 * slot] += re;
-                part[2 * slot + 1] += im;
+                if (j == 2 * n) {
+                    const double mr = mm[2 * j], mi = mm[2 * j + 1];
+                    const double ir = ii[2 * j], ic = ii[2 * j + 1];
+                    re0 += mr * ir - mi * ic;
+                    im0 += mr * ic + mi * ir;
+                }
+                part[2 * slot] += re0 + re1;
+                part[2 * slot + 1] += im0 + im1;
             }
             at += here;
         }
