@@ -5,7 +5,10 @@
 # machine lacks; no Rust toolchain is needed there). Prints the environment, then
 # the GPU-vs-CPU difference of the FMM passes on the Milky Way model and the GPU timings, on
 # one rank and on two thread ranks sharing the GPU.
-#   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; OUT=/tmp/gpu-check)
+#   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; GPU_CHECK_DIR=/tmp/gpu-check)
+# Under the `device` tool, $OUT comes back to the caller: the whole output, the runs' logs and
+# their diagnostics.csv are copied there (check.log, big.log, gpu100.log, RUN.csv), the
+# snapshots stay in GPU_CHECK_DIR.
 # The host still builds the tree and the lists (CPU); the GPU line times the device passes
 # (and gives the P2P kernel's rate in particle pairs per second, target ≥ 1.3e12),
 # the "GPU tree order" lines the device's keys and sort, the "GPU cells" lines its split
@@ -24,12 +27,15 @@ if [ -x .gpu-kit/leapfmm ]; then
     export LD_LIBRARY_PATH="$PWD/.gpu-kit/lib:${LD_LIBRARY_PATH:-}"
 fi
 BIN=${BIN:-target/release/leapfmm}
-OUT=${OUT:-/tmp/gpu-check}
+DIR=${GPU_CHECK_DIR:-/tmp/gpu-check}
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    exec > >(tee "$OUT/check.log") 2>&1
+fi
 N1=${N1:-1000000}
 N2=${N2:-10000000}
 # Runs of an earlier check would be read as this one's.
-rm -rf "$OUT/runs"
-mkdir -p "$OUT"
+rm -rf "$DIR/runs"
+mkdir -p "$DIR"
 
 echo "== environment"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 | head -3
@@ -53,12 +59,12 @@ echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 
 for n in "$N1" "$N2"; do
     echo "== N = $n: initial conditions"
-    "$BIN" ics ics/milky_way.toml --n "$n" -o "$OUT/mw_$n.hdf5" 2>&1 | tail -1
+    "$BIN" ics ics/milky_way.toml --n "$n" -o "$DIR/mw_$n.hdf5" 2>&1 | tail -1
     echo "== N = $n: CPU tree and lists, then the passes on the GPU (parity vs the CPU passes)"
     extra=()
     if [ "$n" = "$N1" ]; then extra=(--compare-direct 2000); fi
-    timeout 280 "$BIN" forces "$OUT/mw_$n.hdf5" --softening 0.05 --backend cuda --repeat 3 \
-        -o "$OUT/forces_$n.hdf5" "${extra[@]}" 2>&1 | grep -v "^wrote"
+    timeout 280 "$BIN" forces "$DIR/mw_$n.hdf5" --softening 0.05 --backend cuda --repeat 3 \
+        -o "$DIR/forces_$n.hdf5" "${extra[@]}" 2>&1 | grep -v "^wrote"
     echo "exit status ${PIPESTATUS[0]}"
 done
 
@@ -66,16 +72,16 @@ done
 # payload does (the mixed one's compressed wire moves them by up to 4e-6 of a leaf's radius), so
 # the two differ by the GPU's f32 near field only (≤ 1e-5 under the emulation).
 echo "== N = $N1 on 2 thread ranks: the distributed evaluation on the CPU, then with each rank's passes on the GPU (host tree, lists and the LET's cells; each GPU's own multipoles, the payload between the GPUs through the host: NCCL needs a GPU per rank)"
-timeout 150 "$BIN" forces "$OUT/mw_$N1.hdf5" --softening 0.05 --backend cuda --ranks 2 \
-    --near-field double -o "$OUT/forces_ranks_$N1.hdf5" 2>&1 | grep -v "^wrote"
+timeout 150 "$BIN" forces "$DIR/mw_$N1.hdf5" --softening 0.05 --backend cuda --ranks 2 \
+    --near-field double -o "$DIR/forces_ranks_$N1.hdf5" 2>&1 | grep -v "^wrote"
 echo "exit status ${PIPESTATUS[0]}"
 
 echo "== N = $N2: 3 fixed steps with the particles resident on the GPU (the device keys and sorts them, splits them into cells, computes their moments, walks and runs the passes; the host checks the sort and the cells): the per-step force time and phases (diagnostics.csv)"
-cat > "$OUT/big.toml" <<EOF
+cat > "$DIR/big.toml" <<EOF
 name = "gpu_big"
-output_dir = "$OUT/runs"
+output_dir = "$DIR/runs"
 [ics]
-file = "$OUT/mw_$N2.hdf5"
+file = "$DIR/mw_$N2.hdf5"
 [gravity]
 softening = 0.05
 [integrator]
@@ -83,18 +89,18 @@ t_end = 0.0003
 dt_max = 0.0001
 fixed_step = true
 EOF
-timeout 200 "$BIN" run "$OUT/big.toml" --backend cuda > "$OUT/big.log" 2>&1
+timeout 200 "$BIN" run "$DIR/big.toml" --backend cuda > "$DIR/big.log" 2>&1
 echo "exit status $?"
-tail -3 "$OUT/big.log"
+tail -3 "$DIR/big.log"
 # A device tree the host rejected, or a walk that gave up, shows as a warning.
-grep "warning:" "$OUT/big.log" | sort | uniq -c | head -5
-f="$OUT/runs/gpu_big/diagnostics.csv"
+grep "warning:" "$DIR/big.log" | sort | uniq -c | head -5
+f="$DIR/runs/gpu_big/diagnostics.csv"
 [ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
 
 echo "== ~100-step run, N = 100000: backend cuda (resident state), then cpu (diagnostics: first columns, last row)"
-cat > "$OUT/run.toml" <<EOF
+cat > "$DIR/run.toml" <<EOF
 name = "gpu100"
-output_dir = "$OUT/runs"
+output_dir = "$DIR/runs"
 [ics]
 model = "$PWD/ics/milky_way.toml"
 n = 100000
@@ -104,13 +110,19 @@ softening = 0.05
 t_end = 0.01
 dt_max = 0.0001
 EOF
-sed 's/name = "gpu100"/name = "cpu100"/' "$OUT/run.toml" > "$OUT/run_cpu.toml"
-timeout 150 "$BIN" run "$OUT/run.toml" --backend cuda > "$OUT/gpu100.log" 2>&1
+sed 's/name = "gpu100"/name = "cpu100"/' "$DIR/run.toml" > "$DIR/run_cpu.toml"
+timeout 150 "$BIN" run "$DIR/run.toml" --backend cuda > "$DIR/gpu100.log" 2>&1
 echo "exit status $?"
-tail -4 "$OUT/gpu100.log"
-grep "warning:" "$OUT/gpu100.log" | sort | uniq -c | head -5
-timeout 150 "$BIN" run "$OUT/run_cpu.toml" --backend cpu 2>&1 | tail -2
+tail -4 "$DIR/gpu100.log"
+grep "warning:" "$DIR/gpu100.log" | sort | uniq -c | head -5
+timeout 150 "$BIN" run "$DIR/run_cpu.toml" --backend cpu 2>&1 | tail -2
 for r in gpu100 cpu100; do
-    f="$OUT/runs/$r/diagnostics.csv"
+    f="$DIR/runs/$r/diagnostics.csv"
     [ -f "$f" ] && { echo "-- $r"; head -1 "$f" | cut -c1-240; tail -1 "$f" | cut -c1-240; }
 done
+if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
+    cp "$DIR/big.log" "$DIR/gpu100.log" "$OUT/" 2>/dev/null
+    for r in gpu_big gpu100 cpu100; do
+        cp "$DIR/runs/$r/diagnostics.csv" "$OUT/$r.csv" 2>/dev/null
+    done
+fi
