@@ -177,20 +177,28 @@ extern "C" __global__ void l2l_cells(
 //   L_k^l += (-1)^k Σ_{n + k <= p} Σ_m M_n^m I_{n+k}^{m+l}(R),  R = target centre - source centre.
 // The direct O(p^4) form of the CPU backend's rotation-based translation (same truncation).
 //
-// One block of M2L_THREADS threads (a warp) per target cell. For each source the threads
-// unpack its multipole into shared memory with the negative orders written out, and
-// compute the irregular harmonics of R there (thread m the column of order m, the negative
-// order by symmetry), so that every term is a plain product of two shared values. The sum
-// is cut into pieces (k, l, n): the terms of output (k, l) with multipole degree n,
+// One block of M2L_THREADS threads (a warp) per target cell. The list is taken in batches
+// of M2L_BATCH sources. For each batch the threads unpack the multipoles into shared memory
+// with the negative orders written out, and compute the irregular harmonics of each R there
+// (one thread per source and order m: the column of order m, the negative order by
+// symmetry; at p = 7 the 4 sources' 8 columns are the warp's 32 threads), so that every term
+// is a plain product of two shared values. A short batch is padded with zero sources.
+//
+// The sum is cut into pieces (k, l, n): the terms of output (k, l) with multipole degree n,
 // 2n + 1 of them. Pieces go to threads in order of decreasing size, back and forth across
-// the warp, so every thread gets about the same number of terms; each piece is summed over
-// the sources in list order in its own shared slot, and at the end each output adds its
-// pieces in increasing n: a fixed order, so the result does not change from run to run.
+// the warp, so every thread gets about the same number of terms; each thread works out its
+// pieces' offsets once, before the list, and keeps their sums in registers. Within a batch,
+// a piece is summed for each source separately (M2L_BATCH independent chains: the loop is
+// latency-bound) and the sources' sums are added in list order. At the end the pieces go to
+// shared memory and each output adds its pieces in increasing n: a fixed order, so the
+// result does not change from run to run.
 //
 // The shared arrays are sized for the largest order a kernel takes: `m2l_cells` any up to
-// LEAPFMM_MAX_ORDER (12.7 KB, 16 blocks per SM on an H200, occupancy 25%), `m2l_cells_p8`
-// orders up to 8 (5.2 KB; the registers then allow 28 blocks per SM).
+// LEAPFMM_MAX_ORDER (21.6 KB), `m2l_cells_p8` orders up to 8 (10.4 KB, so more blocks fit on
+// an SM).
 #define M2L_THREADS 32
+// Sources a block translates between two barriers.
+#define M2L_BATCH 4
 // Largest order of `m2l_cells_p8`.
 #define M2L_SMALL_ORDER 8
 // Pieces of order P: Σ_k (k + 1)(P - k + 1).
@@ -218,6 +226,57 @@ __device__ __forceinline__ int dealt(int round, int lane) {
     return round * M2L_THREADS + ((round % 2 == 0) ? lane : M2L_THREADS - 1 - lane);
 }
 
+// Column m of the irregular harmonics I_n^m(x, y, z), n = m..p, into `out` (negative orders
+// written out): (n, m) and, by the real-source symmetry, (n, -m) = (-1)^m conj(n, m). The
+// recurrence of `irregular` in src/fmm/expansion.rs: the diagonal up to (m, m), then down
+// the column.
+__device__ __forceinline__ void irregular_column(int p, int m, double x, double y, double z,
+                                                 double2* out) {
+    const double inv_r2 = 1.0 / (x * x + y * y + z * z);
+    double dr = sqrt(inv_r2), di = 0.0;
+    for (int d = 1; d <= m; ++d) {
+        const double f = -(double)(2 * d - 1) * inv_r2;
+        const double r = f * (x * dr - y * di), i = f * (x * di + y * dr);
+        dr = r;
+        di = i;
+    }
+    const double odd = (m % 2 == 0) ? 1.0 : -1.0;
+    double a_r = dr, a_i = di, b_r = 0.0, b_i = 0.0;
+    for (int n = m; n <= p; ++n) {
+        double c_r, c_i;
+        if (n == m) {
+            c_r = dr;
+            c_i = di;
+        } else if (n == m + 1) {
+            const double f = (double)(2 * m + 1) * z * inv_r2;
+            c_r = f * a_r;
+            c_i = f * a_i;
+        } else {
+            const double c1 = (double)(2 * n - 1) * z;
+            const double c2 = (double)((n - 1) * (n - 1) - m * m);
+            c_r = (c1 * a_r - c2 * b_r) * inv_r2;
+            c_i = (c1 * a_i - c2 * b_i) * inv_r2;
+        }
+        out[full_index(n, m)] = make_double2(c_r, c_i);
+        if (m > 0) {
+            out[full_index(n, -m)] = make_double2(odd * c_r, -odd * c_i);
+        }
+        if (n > m) {
+            b_r = a_r;
+            b_i = a_i;
+        }
+        a_r = c_r;
+        a_i = c_i;
+    }
+}
+
+// A piece's place in the shared arrays, packed in one register: the index of its first
+// multipole value (bits 0-9), of its first harmonic (bits 10-19) and its number of terms
+// (bits 20-25; 0 for a round past the thread's last piece).
+__device__ __forceinline__ int pack_piece(int m_at, int i_at, int terms) {
+    return m_at | (i_at << 10) | (terms << 20);
+}
+
 template <int MAXP>
 __device__ __forceinline__ void m2l_block(
     const unsigned* __restrict__ targets, unsigned count,
@@ -225,9 +284,16 @@ __device__ __forceinline__ void m2l_block(
     const double* __restrict__ centre,
     const double* __restrict__ multipoles, int p, double* __restrict__ locals)
 {
-    __shared__ double m_full[2 * M2L_FULL(MAXP)];
-    __shared__ double i_full[2 * M2L_FULL(MAXP)];
-    __shared__ double part[2 * M2L_PIECES(MAXP)];
+    // One source's complex values in each array: the stride between a batch's sources.
+    constexpr int STRIDE = M2L_FULL(MAXP);
+    // Rounds of the deal: a thread's pieces at most.
+    constexpr int ROUNDS = (M2L_PIECES(MAXP) + M2L_THREADS - 1) / M2L_THREADS;
+    static_assert(STRIDE <= 1024 && 2 * MAXP + 1 < 64, "a piece packs into one int");
+    __shared__ double2 m_full[M2L_BATCH * STRIDE];
+    __shared__ double2 i_full[M2L_BATCH * STRIDE];
+    // At the end the pieces' sums go where the multipoles were.
+    static_assert(M2L_PIECES(MAXP) <= M2L_BATCH * STRIDE, "the pieces fit in m_full");
+    double2* part = m_full;
     const unsigned t = blockIdx.x;
     const int lane = (int)threadIdx.x;
     if (t >= count) {
@@ -244,102 +310,94 @@ __device__ __forceinline__ void m2l_block(
     const int full = (p + 1) * (p + 1);
     int pieces = 0;
     for (int n = 0; n <= p; ++n) pieces += pieces_of_degree(p, n);
-    for (int i = lane; i < pieces; i += M2L_THREADS) {
-        part[2 * i] = 0.0;
-        part[2 * i + 1] = 0.0;
-    }
-    const double tx = centre[3 * cell], ty = centre[3 * cell + 1], tz = centre[3 * cell + 2];
-    for (unsigned s = first; s < last; ++s) {
-        const unsigned src = sources[s];
-        const double* m_src = multipoles + (size_t)src * len;
-        __syncthreads();
-        for (int i = lane; i < full; i += M2L_THREADS) {
-            int n = 0;
-            while ((n + 1) * (n + 1) <= i) ++n;
-            coefficient(m_src, n, i - n * n - n, &m_full[2 * i], &m_full[2 * i + 1]);
-        }
-        if (lane <= p) {
-            // Column m = lane of the irregular harmonics, by the recurrence of `irregular` in
-            // src/fmm/expansion.rs: the diagonal up to (m, m), then down the column.
-            const int m = lane;
-            const double x = tx - centre[3 * src], y = ty - centre[3 * src + 1],
-                         z = tz - centre[3 * src + 2];
-            const double inv_r2 = 1.0 / (x * x + y * y + z * z);
-            double dr = sqrt(inv_r2), di = 0.0;
-            for (int d = 1; d <= m; ++d) {
-                const double f = -(double)(2 * d - 1) * inv_r2;
-                const double r = f * (x * dr - y * di), i = f * (x * di + y * dr);
-                dr = r;
-                di = i;
-            }
-            // (n, m) and, by the real-source symmetry, (n, -m) = (-1)^m conj(n, m).
-            const double odd = (m % 2 == 0) ? 1.0 : -1.0;
-            double a_r = dr, a_i = di, b_r = 0.0, b_i = 0.0;
-            for (int n = m; n <= p; ++n) {
-                double c_r, c_i;
-                if (n == m) {
-                    c_r = dr;
-                    c_i = di;
-                } else if (n == m + 1) {
-                    const double f = (double)(2 * m + 1) * z * inv_r2;
-                    c_r = f * a_r;
-                    c_i = f * a_i;
-                } else {
-                    const double c1 = (double)(2 * n - 1) * z;
-                    const double c2 = (double)((n - 1) * (n - 1) - m * m);
-                    c_r = (c1 * a_r - c2 * b_r) * inv_r2;
-                    c_i = (c1 * a_i - c2 * b_i) * inv_r2;
-                }
-                i_full[2 * full_index(n, m)] = c_r;
-                i_full[2 * full_index(n, m) + 1] = c_i;
-                if (m > 0) {
-                    i_full[2 * full_index(n, -m)] = odd * c_r;
-                    i_full[2 * full_index(n, -m) + 1] = -odd * c_i;
-                }
-                if (n > m) {
-                    b_r = a_r;
-                    b_i = a_i;
-                }
-                a_r = c_r;
-                a_i = c_i;
-            }
-        }
-        __syncthreads();
-        // This thread's pieces: degrees from p down, the (k, l) of each in cidx order.
-        int round = 0, slot = dealt(0, lane), at = 0;
+
+    // This thread's pieces, worked out once, and their running sums.
+    int piece[ROUNDS];
+    double sum_r[ROUNDS], sum_i[ROUNDS];
+#pragma unroll
+    for (int r = 0; r < ROUNDS; ++r) {
+        const int slot = dealt(r, lane);
+        piece[r] = 0;
+        sum_r[r] = 0.0;
+        sum_i[r] = 0.0;
+        // Degrees from p down, the (k, l) of each in cidx order.
+        int at = 0;
         for (int n = p; n >= 0 && slot < pieces; --n) {
             const int here = pieces_of_degree(p, n);
-            for (; slot < at + here; slot = dealt(++round, lane)) {
+            if (slot < at + here) {
                 const int c = slot - at;
                 int k = 0;
                 while ((k + 1) * (k + 2) / 2 <= c) ++k;
                 const int l = c - k * (k + 1) / 2;
-                const double* mm = &m_full[2 * full_index(n, -n)];
-                const double* ii = &i_full[2 * full_index(n + k, l - n)];
-                // Two chains of sums (even and odd terms), so that a term does not wait for
-                // the previous one's result: the loop is latency-bound.
-                double re0 = 0.0, im0 = 0.0, re1 = 0.0, im1 = 0.0;
-                int j = 0;
-                for (; j + 1 <= 2 * n; j += 2) {
-                    const double mr = mm[2 * j], mi = mm[2 * j + 1];
-                    const double ir = ii[2 * j], ic = ii[2 * j + 1];
-                    const double nr = mm[2 * j + 2], ni = mm[2 * j + 3];
-                    const double jr = ii[2 * j + 2], jc = ii[2 * j + 3];
-                    re0 += mr * ir - mi * ic;
-                    im0 += mr * ic + mi * ir;
-                    re1 += nr * jr - ni * jc;
-                    im1 += nr * jc + ni * jr;
-                }
-                if (j == 2 * n) {
-                    const double mr = mm[2 * j], mi = mm[2 * j + 1];
-                    const double ir = ii[2 * j], ic = ii[2 * j + 1];
-                    re0 += mr * ir - mi * ic;
-                    im0 += mr * ic + mi * ir;
-                }
-                part[2 * slot] += re0 + re1;
-                part[2 * slot + 1] += im0 + im1;
+                piece[r] = pack_piece(full_index(n, -n), full_index(n + k, l - n), 2 * n + 1);
+                break;
             }
             at += here;
+        }
+    }
+
+    const double tx = centre[3 * cell], ty = centre[3 * cell + 1], tz = centre[3 * cell + 2];
+    for (unsigned b = first; b < last; b += M2L_BATCH) {
+        const int batch = (int)min((unsigned)M2L_BATCH, last - b);
+        __syncthreads();
+        for (int w = lane; w < M2L_BATCH * full; w += M2L_THREADS) {
+            const int s = w / full, i = w - s * full;
+            double re = 0.0, im = 0.0;
+            if (s < batch) {
+                int n = 0;
+                while ((n + 1) * (n + 1) <= i) ++n;
+                const double* m_src = multipoles + (size_t)sources[b + s] * len;
+                coefficient(m_src, n, i - n * n - n, &re, &im);
+            }
+            m_full[s * STRIDE + i] = make_double2(re, im);
+        }
+        for (int w = lane; w < M2L_BATCH * (p + 1); w += M2L_THREADS) {
+            const int s = w / (p + 1), m = w - s * (p + 1);
+            double2* out = &i_full[s * STRIDE];
+            if (s < batch) {
+                const unsigned src = sources[b + s];
+                irregular_column(p, m, tx - centre[3 * src], ty - centre[3 * src + 1],
+                                 tz - centre[3 * src + 2], out);
+            } else {
+                for (int n = m; n <= p; ++n) {
+                    out[full_index(n, m)] = make_double2(0.0, 0.0);
+                    out[full_index(n, -m)] = make_double2(0.0, 0.0);
+                }
+            }
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < ROUNDS; ++r) {
+            const double2* mm = &m_full[piece[r] & 1023];
+            const double2* ii = &i_full[(piece[r] >> 10) & 1023];
+            const int terms = piece[r] >> 20;
+            double re[M2L_BATCH], im[M2L_BATCH];
+#pragma unroll
+            for (int s = 0; s < M2L_BATCH; ++s) {
+                re[s] = 0.0;
+                im[s] = 0.0;
+            }
+            for (int j = 0; j < terms; ++j) {
+#pragma unroll
+                for (int s = 0; s < M2L_BATCH; ++s) {
+                    const double2 mv = mm[s * STRIDE + j], iv = ii[s * STRIDE + j];
+                    re[s] += mv.x * iv.x - mv.y * iv.y;
+                    im[s] += mv.x * iv.y + mv.y * iv.x;
+                }
+            }
+#pragma unroll
+            for (int s = 0; s < M2L_BATCH; ++s) {
+                sum_r[r] += re[s];
+                sum_i[r] += im[s];
+            }
+        }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < ROUNDS; ++r) {
+        const int slot = dealt(r, lane);
+        if (slot < pieces) {
+            part[slot] = make_double2(sum_r[r], sum_i[r]);
         }
     }
     __syncthreads();
@@ -350,9 +408,9 @@ __device__ __forceinline__ void m2l_block(
         const int l = c - k * (k + 1) / 2;
         double re = 0.0, im = 0.0;
         for (int n = 0; n + k <= p; ++n) {
-            const int at = piece_index(p, k, l, n);
-            re += part[2 * at];
-            im += part[2 * at + 1];
+            const double2 v = part[piece_index(p, k, l, n)];
+            re += v.x;
+            im += v.y;
         }
         const double sign = (k % 2 == 0) ? 1.0 : -1.0;
         out[2 * c] += sign * re;

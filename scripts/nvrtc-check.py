@@ -7,6 +7,9 @@ kernels build, on a machine without a GPU). Needs libnvrtc, e.g. from the PyPI w
 
 The library is looked up in the wheel's folder of the running Python, then by name
 (LD_LIBRARY_PATH). Exits 1, with NVRTC's log, if any kernel does not compile.
+
+With --resources it also prints ptxas's registers, spills and shared memory of each
+kernel (the figures that set how many blocks fit on an SM), for sm_90 only.
 """
 
 import ctypes
@@ -36,7 +39,7 @@ def check(lib, call, what):
         raise RuntimeError(f"{what}: {lib.nvrtcGetErrorString(call).decode()}")
 
 
-def compile_one(lib, path, arch, include):
+def compile_one(lib, path, arch, include, resources=False):
     with open(path, "rb") as f:
         source = f.read()
     prog = ctypes.c_void_p()
@@ -46,7 +49,7 @@ def compile_one(lib, path, arch, include):
     # The binary's options (src/gpu/nvrtc.rs: OPTIONS), plus the include path it does not
     # need (it splices the headers in).
     opts = [f"--gpu-architecture={arch}", f"--include-path={include}", "--std=c++17",
-            "-ftz=true", "-default-device"]
+            "-ftz=true", "-default-device"] + (["--ptxas-options=-v"] if resources else [])
     arr = (ctypes.c_char_p * len(opts))(*[o.encode() for o in opts])
     status = lib.nvrtcCompileProgram(prog, len(opts), arr)
     size = ctypes.c_size_t()
@@ -66,13 +69,14 @@ def main():
     major, minor = ctypes.c_int(), ctypes.c_int()
     lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
     print(f"NVRTC {major.value}.{minor.value}")
+    resources = "--resources" in sys.argv[1:]
     sources = sorted(glob.glob(os.path.join(root, "*.cu")))
     if not sources:
         sys.exit("nvrtc-check: no kernels/*.cu")
     failed = 0
     for path in sources:
-        for arch in ARCHS:
-            status, log, cubin = compile_one(lib, path, arch, root)
+        for arch in (["sm_90"] if resources else ARCHS):
+            status, log, cubin = compile_one(lib, path, arch, root, resources)
             name = os.path.basename(path)
             if status != 0:
                 failed += 1
