@@ -197,20 +197,24 @@ fn p2p_input(l: &Leaves, softening: Softening, block: u32, g: f64) -> Vec<u8> {
 
 #[test]
 fn p2p_kernel_matches_the_cpu_pair_sums() {
-    // Block 64: a leaf of 0 (empty), 1, 37 (partial tile), 64 (exactly one tile), 65, 200
-    // (larger than a block, targets in several rounds) and 128 particles.
+    // A leaf of 0 (empty), 1, 37 (partial tile), 64 (exactly one tile of 64), 65, 200 and
+    // 128 particles. With blocks of 64 threads: one target a thread (37, 64), two (65, 128)
+    // and four (200); with the GPU's 32: two (37, 64), four (65, 128), and 200 in two rounds
+    // of four.
     let sizes = [0, 1, 37, 64, 65, 200, 128];
     let l = leaves(&sizes, 11);
     let g = 4.3;
     // The two kernel families, and Newtonian forces (zero softening: the particle itself
     // must not turn into an infinity).
-    for (kernel, epsilon) in [
-        (SofteningKernel::Spline, 0.05),
-        (SofteningKernel::Plummer, 0.05),
-        (SofteningKernel::Plummer, 0.0),
+    for (kernel, epsilon, block) in [
+        (SofteningKernel::Spline, 0.05, 64),
+        (SofteningKernel::Spline, 0.05, leapfmm::gpu::memory::P2P_THREADS),
+        (SofteningKernel::Plummer, 0.05, 64),
+        (SofteningKernel::Plummer, 0.05, leapfmm::gpu::memory::P2P_THREADS),
+        (SofteningKernel::Plummer, 0.0, 64),
     ] {
         let softening = Softening { kernel, epsilon };
-        let out = f64s(&run_harness("p2p", &p2p_input(&l, softening, 64, g)));
+        let out = f64s(&run_harness("p2p", &p2p_input(&l, softening, block, g)));
         let n = l.pos.len();
         let (acc, pot) = out.split_at(3 * n);
         let mut worst: f64 = 0.0;
@@ -253,7 +257,7 @@ fn p2p_kernel_matches_the_cpu_pair_sums() {
             );
         }
         eprintln!(
-            "{kernel:?}, ε = {epsilon}: worst relative difference {worst:.2e} over {n} particles (pairs by region {regions:?})"
+            "{kernel:?}, ε = {epsilon}, blocks of {block}: worst relative difference {worst:.2e} over {n} particles (pairs by region {regions:?})"
         );
         assert!(
             worst < 2e-5,

@@ -21,7 +21,8 @@
 //! the NCCL link needs a machine with a GPU per rank and has not run yet).
 
 use super::memory::{
-    DeviceLengths, M2L_SMALL_ORDER, M2L_THREADS, THREADS_PER_BLOCK, resident_f64_counts,
+    DeviceLengths, M2L_SMALL_ORDER, M2L_THREADS, P2P_THREADS, THREADS_PER_BLOCK,
+    resident_f64_counts,
 };
 use super::nccl::NcclLink;
 use super::nvrtc::{KernelError, compile_all};
@@ -1753,7 +1754,7 @@ fn run_passes(
     launch.arg(&mut b.acc.buf).arg(&mut b.pot.buf);
     let config = LaunchConfig {
         grid_dim: (n_leaves.max(1), 1, 1),
-        block_dim: (BLOCK, 1, 1),
+        block_dim: (P2P_THREADS, 1, 1),
         shared_mem_bytes: 0,
     };
     if n_leaves > 0 {

@@ -19,9 +19,14 @@ pub const U64_BUFFERS: usize = 2;
 /// Number of f64 buffers of the resident state (`resident_f64_counts`).
 pub const RESIDENT_BUFFERS: usize = 7;
 
-/// Threads per block of the per-item kernels (and of P2P, ≤ P2P_MAX_BLOCK in p2p.cu; of
-/// `max_acceleration_blocks`, a power of two ≤ MAX_ACC_BLOCK in integrate.cu).
+/// Threads per block of the per-item kernels (and of `max_acceleration_blocks`, a power of
+/// two ≤ MAX_ACC_BLOCK in integrate.cu).
 pub const THREADS_PER_BLOCK: u32 = 128;
+
+/// Threads of a P2P block, one block per target leaf (≤ P2P_MAX_BLOCK in p2p.cu): one warp,
+/// so that the lanes of a leaf of tens of particles are busy (a leaf of up to 4 warps' worth
+/// gives each thread up to 4 targets).
+pub const P2P_THREADS: u32 = 32;
 
 /// Threads of an M2L block, one block per target cell (`M2L_THREADS` in expansions.cu).
 pub const M2L_THREADS: u32 = 32;
