@@ -1,9 +1,9 @@
 // Near field (P2P): one block per target leaf. Source leaves of the target's P2P list are
 // staged tile by tile in shared memory, relative to the target leaf's centre in f32 (the
 // mixed-precision near field of design §5.7). Each thread owns up to P2P_MAX_TARGETS
-// targets at once: with a block of `width` threads, a leaf of at most width targets gives
-// each thread one, of at most 2 width two, otherwise four, and a leaf larger than 4 width
-// is taken in rounds. The GPU launches one warp per leaf, so most leaves (tens of particles)
+// targets at once: with a block of `width` threads, a leaf of at most k width targets
+// (k = 1, 2, 3) gives each thread k, a larger one four, and a leaf larger than 4 width is
+// taken in rounds. The GPU launches one warp per leaf, so most leaves (tens of particles)
 // keep their lanes busy, and a full leaf of 128 reads each staged source once for four
 // targets, in four independent chains of sums. A thread sums one tile in f32 for each of
 // its targets and adds the tile's sums into f64 accumulators: a fixed order, so the
@@ -157,6 +157,9 @@ __device__ __forceinline__ void p2p_sized(
                             t_begin, t_end, eps2, h, g, tile, acc, pot);
     } else if (targets <= 2 * width) {
         p2p_leaf<KERNEL, 2>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy, cz,
+                            t_begin, t_end, eps2, h, g, tile, acc, pot);
+    } else if (targets <= 3 * width) {
+        p2p_leaf<KERNEL, 3>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy, cz,
                             t_begin, t_end, eps2, h, g, tile, acc, pot);
     } else {
         p2p_leaf<KERNEL, P2P_MAX_TARGETS>(pos, mass, leaf_begin, leaf_end, sources, first,

@@ -199,8 +199,8 @@ fn p2p_input(l: &Leaves, softening: Softening, block: u32, g: f64) -> Vec<u8> {
 fn p2p_kernel_matches_the_cpu_pair_sums() {
     // A leaf of 0 (empty), 1, 37 (partial tile), 64 (exactly one tile of 64), 65, 200 and
     // 128 particles. With blocks of 64 threads: one target a thread (37, 64), two (65, 128)
-    // and four (200); with the GPU's 32: two (37, 64), four (65, 128), and 200 in two rounds
-    // of four.
+    // and four (200); with the GPU's 32: two (37, 64), three (65), four (128), and 200 in two
+    // rounds of four.
     let sizes = [0, 1, 37, 64, 65, 200, 128];
     let l = leaves(&sizes, 11);
     let g = 4.3;

@@ -24,8 +24,8 @@ pub const RESIDENT_BUFFERS: usize = 7;
 pub const THREADS_PER_BLOCK: u32 = 128;
 
 /// Threads of a P2P block, one block per target leaf (≤ P2P_MAX_BLOCK in p2p.cu): one warp,
-/// so that the lanes of a leaf of tens of particles are busy (a leaf of up to 4 warps' worth
-/// gives each thread up to 4 targets).
+/// so that the lanes of a leaf of tens of particles are busy (a larger leaf gives each thread
+/// up to 4 targets).
 pub const P2P_THREADS: u32 = 32;
 
 /// Threads of an M2L block, one block per target cell (`M2L_THREADS` in expansions.cu).
