@@ -3,35 +3,6 @@
 // the same operations as src/fmm/expansion.rs. Expansions are G-free; L2P applies G.
 #include "expansions.cuh"
 
-// Multipoles of the `count` leaf cells `leaves` (order p, `len` = (p + 1)(p + 2) values per
-// cell, indexed by cell) about their centres: M = Σ q conj(R(x - centre)).
-extern "C" __global__ void p2m_leaves(
-    const double* __restrict__ pos, const double* __restrict__ mass,
-    const unsigned* __restrict__ leaves, unsigned count,
-    const unsigned* __restrict__ cell_begin, const unsigned* __restrict__ cell_end,
-    const double* __restrict__ centre, int p, double* __restrict__ multipoles)
-{
-    const unsigned k = blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= count) {
-        return;
-    }
-    const unsigned leaf = leaves[k];
-    const int len = (p + 1) * (p + 2);
-    double* out = multipoles + (size_t)leaf * len;
-    for (int c = 0; c < len; ++c) {
-        out[c] = 0.0;
-    }
-    const double cx = centre[3 * leaf], cy = centre[3 * leaf + 1], cz = centre[3 * leaf + 2];
-    for (unsigned i = cell_begin[leaf]; i < cell_end[leaf]; ++i) {
-        const double q = mass[i];
-        for_each_regular(p, pos[3 * i] - cx, pos[3 * i + 1] - cy, pos[3 * i + 2] - cz,
-                         [&](int n, int m, double re, double im) {
-                             out[2 * cidx(n, m)] += q * re;
-                             out[2 * cidx(n, m) + 1] -= q * im;
-                         });
-    }
-}
-
 // Accelerations and potentials of `n` particles from the local expansion of their leaf
 // (`leaf_of[i]`): Φ = -G Σ conj(R(x)) L, a from the gradient (L'_1^i of the CPU backend).
 // Overwrites acc and pot (the near field adds to them afterwards). Each regular harmonic is
@@ -82,93 +53,6 @@ extern "C" __global__ void l2p_particles(
     acc[3 * i + 1] = g * -l11i;
     acc[3 * i + 2] = g * l10;
     pot[i] = -g * phi;
-}
-
-// M2M for one level: each of `count` parent cells (`parents`) gets the sum of its children's
-// multipoles translated to its centre (children contiguous from first_child, in order).
-extern "C" __global__ void m2m_cells(
-    const unsigned* __restrict__ parents, unsigned count,
-    const unsigned* __restrict__ first_child, const unsigned* __restrict__ child_count,
-    const double* __restrict__ centre, int p, double* __restrict__ multipoles)
-{
-    const unsigned k = blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= count) {
-        return;
-    }
-    const int len = (p + 1) * (p + 2);
-    const unsigned cell = parents[k];
-    double* out = multipoles + (size_t)cell * len;
-    for (int c = 0; c < len; ++c) {
-        out[c] = 0.0;
-    }
-    double r[LEAPFMM_MAX_LEN];
-    for (unsigned ch = first_child[cell]; ch < first_child[cell] + child_count[cell]; ++ch) {
-        regular(p, centre[3 * ch] - centre[3 * cell], centre[3 * ch + 1] - centre[3 * cell + 1],
-                centre[3 * ch + 2] - centre[3 * cell + 2], r);
-        const double* child = multipoles + (size_t)ch * len;
-        // M'_n^m = Σ_{k,l} conj(R_{n-k}^{m-l}(t)) M_k^l
-        for (int n = 0; n <= p; ++n) {
-            for (int m = 0; m <= n; ++m) {
-                double re = 0.0, im = 0.0;
-                for (int kk = 0; kk <= n; ++kk) {
-                    const int j = n - kk;
-                    const int lo = max(m - j, -kk), hi = min(m + j, kk);
-                    for (int l = lo; l <= hi; ++l) {
-                        double cr, ci, rr, ri;
-                        coefficient(child, kk, l, &cr, &ci);
-                        coefficient(r, j, m - l, &rr, &ri);
-                        ri = -ri;
-                        re += cr * rr - ci * ri;
-                        im += cr * ri + ci * rr;
-                    }
-                }
-                const int c = cidx(n, m);
-                out[2 * c] += re;
-                out[2 * c + 1] += im;
-            }
-        }
-    }
-}
-
-// L2L for one level: each of `count` cells (`cells`) adds its parent's local expansion
-// translated to its centre.
-extern "C" __global__ void l2l_cells(
-    const unsigned* __restrict__ cells, unsigned count, const unsigned* __restrict__ parent,
-    const double* __restrict__ centre, int p, double* __restrict__ locals)
-{
-    const unsigned k = blockIdx.x * blockDim.x + threadIdx.x;
-    if (k >= count) {
-        return;
-    }
-    const int len = (p + 1) * (p + 2);
-    const unsigned cell = cells[k];
-    const unsigned up = parent[cell];
-    double r[LEAPFMM_MAX_LEN];
-    regular(p, centre[3 * cell] - centre[3 * up], centre[3 * cell + 1] - centre[3 * up + 1],
-            centre[3 * cell + 2] - centre[3 * up + 2], r);
-    const double* from = locals + (size_t)up * len;
-    double* out = locals + (size_t)cell * len;
-    // L'_j^i = Σ_{k,l} conj(R_{k-j}^{l-i}(s)) L_k^l
-    for (int j = 0; j <= p; ++j) {
-        for (int i = 0; i <= j; ++i) {
-            double re = 0.0, im = 0.0;
-            for (int kk = j; kk <= p; ++kk) {
-                const int d = kk - j;
-                const int lo = max(i - d, -kk), hi = min(i + d, kk);
-                for (int l = lo; l <= hi; ++l) {
-                    double lr, li, rr, ri;
-                    coefficient(from, kk, l, &lr, &li);
-                    coefficient(r, d, l - i, &rr, &ri);
-                    ri = -ri;
-                    re += lr * rr - li * ri;
-                    im += lr * ri + li * rr;
-                }
-            }
-            const int c = cidx(j, i);
-            out[2 * c] += re;
-            out[2 * c + 1] += im;
-        }
-    }
 }
 
 // M2L: each of `count` target cells (`targets`) adds the local expansions of the source
@@ -436,4 +320,259 @@ extern "C" __global__ void m2l_cells_p8(
     const double* __restrict__ multipoles, int p, double* __restrict__ locals)
 {
     m2l_block<M2L_SMALL_ORDER>(targets, count, spans, sources, centre, multipoles, p, locals);
+}
+
+// P2M, M2M and L2L: one block of TRANSLATE_THREADS threads (a warp) per cell. The threads unpack
+// the expansion to translate into shared memory with its negative orders written out, and
+// compute the regular harmonics of the shift there (thread m the column of order m); then
+// each thread sums the outputs (n, m) it owns, c = thread, thread + 32, ... in cidx order,
+// term by term in the order of the one-thread form (k, then l): a fixed order. (A thread
+// per cell left a level's few cells to a long serial chain each: with eight children, the
+// upper levels of the upward pass took milliseconds apiece.)
+#define TRANSLATE_THREADS 32
+// Outputs a thread owns at most: those of an expansion of order LEAPFMM_MAX_ORDER.
+#define TRANSLATE_ROUNDS ((LEAPFMM_MAX_LEN / 2 + TRANSLATE_THREADS - 1) / TRANSLATE_THREADS)
+
+// Expansion `c` (order p) into `out` with the negative orders written out, by the block's
+// threads.
+__device__ __forceinline__ void unpack_full(int p, const double* __restrict__ c, double2* out) {
+    const int full = (p + 1) * (p + 1);
+    for (int i = (int)threadIdx.x; i < full; i += TRANSLATE_THREADS) {
+        int n = 0;
+        while ((n + 1) * (n + 1) <= i) ++n;
+        double re, im;
+        coefficient(c, n, i - n * n - n, &re, &im);
+        out[i] = make_double2(re, im);
+    }
+}
+
+// Column m of the regular harmonics R_n^m(x, y, z), n = m..p, into `out`, with the
+// operations of `for_each_regular`: with `full`, with the negative orders written out
+// ((n, -m) = (-1)^m conj(n, m), at full_index), else at cidx(n, m).
+__device__ __forceinline__ void regular_column(int p, int m, double x, double y, double z,
+                                               bool full, double2* out) {
+    const double r2 = x * x + y * y + z * z;
+    double diag_r = 1.0, diag_i = 0.0;
+    for (int d = 1; d <= m; ++d) {
+        const double f = -1.0 / (2.0 * d);
+        const double re = f * (x * diag_r - y * diag_i), im = f * (x * diag_i + y * diag_r);
+        diag_r = re;
+        diag_i = im;
+    }
+    const double odd = (m % 2 == 0) ? 1.0 : -1.0;
+    double a_r = diag_r, a_i = diag_i, b_r = 0.0, b_i = 0.0;
+    for (int n = m; n <= p; ++n) {
+        double re = a_r, im = a_i;
+        if (n == m + 1) {
+            re = z * a_r;
+            im = z * a_i;
+        } else if (n > m + 1) {
+            const double inv = 1.0 / (double)((n - m) * (n + m));
+            const double cz = (double)(2 * n - 1) * z;
+            re = (cz * a_r - r2 * b_r) * inv;
+            im = (cz * a_i - r2 * b_i) * inv;
+        }
+        if (full) {
+            out[full_index(n, m)] = make_double2(re, im);
+            if (m > 0) {
+                out[full_index(n, -m)] = make_double2(odd * re, -odd * im);
+            }
+        } else {
+            out[cidx(n, m)] = make_double2(re, im);
+        }
+        if (n > m) {
+            b_r = a_r;
+            b_i = a_i;
+            a_r = re;
+            a_i = im;
+        }
+    }
+}
+
+// The (n, m) of output c = cidx(n, m).
+__device__ __forceinline__ void output_of(int c, int* n, int* m) {
+    int k = 0;
+    while ((k + 1) * (k + 2) / 2 <= c) ++k;
+    *n = k;
+    *m = c - k * (k + 1) / 2;
+}
+
+// M2M for one level: each of `count` parent cells (`parents`) gets the sum of its children's
+// multipoles translated to its centre (children contiguous from first_child, in order):
+//   M'_n^m = Σ_{k,l} conj(R_{n-k}^{m-l}(t)) M_k^l,  t = child centre - parent centre.
+extern "C" __global__ void m2m_cells(
+    const unsigned* __restrict__ parents, unsigned count,
+    const unsigned* __restrict__ first_child, const unsigned* __restrict__ child_count,
+    const double* __restrict__ centre, int p, double* __restrict__ multipoles)
+{
+    __shared__ double2 m_full[M2L_FULL(LEAPFMM_MAX_ORDER)];
+    __shared__ double2 r_full[M2L_FULL(LEAPFMM_MAX_ORDER)];
+    const unsigned k = blockIdx.x;
+    const int lane = (int)threadIdx.x;
+    if (k >= count) {
+        return;
+    }
+    const int len = (p + 1) * (p + 2);
+    const unsigned cell = parents[k];
+    double sum_r[TRANSLATE_ROUNDS], sum_i[TRANSLATE_ROUNDS];
+#pragma unroll
+    for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
+        sum_r[r] = 0.0;
+        sum_i[r] = 0.0;
+    }
+    for (unsigned ch = first_child[cell]; ch < first_child[cell] + child_count[cell]; ++ch) {
+        __syncthreads();
+        unpack_full(p, multipoles + (size_t)ch * len, m_full);
+        if (lane <= p) {
+            regular_column(p, lane, centre[3 * ch] - centre[3 * cell],
+                           centre[3 * ch + 1] - centre[3 * cell + 1],
+                           centre[3 * ch + 2] - centre[3 * cell + 2], true, r_full);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
+            const int c = lane + r * TRANSLATE_THREADS;
+            if (c >= len / 2) {
+                continue;
+            }
+            int n, m;
+            output_of(c, &n, &m);
+            double re = 0.0, im = 0.0;
+            for (int kk = 0; kk <= n; ++kk) {
+                const int j = n - kk;
+                const int lo = max(m - j, -kk), hi = min(m + j, kk);
+                for (int l = lo; l <= hi; ++l) {
+                    const double2 mv = m_full[full_index(kk, l)];
+                    const double2 rv = r_full[full_index(j, m - l)];
+                    const double rr = rv.x, ri = -rv.y;
+                    re += mv.x * rr - mv.y * ri;
+                    im += mv.x * ri + mv.y * rr;
+                }
+            }
+            sum_r[r] += re;
+            sum_i[r] += im;
+        }
+    }
+    double* out = multipoles + (size_t)cell * len;
+#pragma unroll
+    for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
+        const int c = lane + r * TRANSLATE_THREADS;
+        if (c < len / 2) {
+            out[2 * c] = sum_r[r];
+            out[2 * c + 1] = sum_i[r];
+        }
+    }
+}
+
+// L2L for one level: each of `count` cells (`cells`) adds its parent's local expansion
+// translated to its centre:
+//   L'_j^i = Σ_{k,l} conj(R_{k-j}^{l-i}(s)) L_k^l,  s = cell centre - parent centre.
+extern "C" __global__ void l2l_cells(
+    const unsigned* __restrict__ cells, unsigned count, const unsigned* __restrict__ parent,
+    const double* __restrict__ centre, int p, double* __restrict__ locals)
+{
+    __shared__ double2 l_full[M2L_FULL(LEAPFMM_MAX_ORDER)];
+    __shared__ double2 r_full[M2L_FULL(LEAPFMM_MAX_ORDER)];
+    const unsigned k = blockIdx.x;
+    const int lane = (int)threadIdx.x;
+    if (k >= count) {
+        return;
+    }
+    const int len = (p + 1) * (p + 2);
+    const unsigned cell = cells[k];
+    const unsigned up = parent[cell];
+    unpack_full(p, locals + (size_t)up * len, l_full);
+    if (lane <= p) {
+        regular_column(p, lane, centre[3 * cell] - centre[3 * up],
+                       centre[3 * cell + 1] - centre[3 * up + 1],
+                       centre[3 * cell + 2] - centre[3 * up + 2], true, r_full);
+    }
+    __syncthreads();
+    double* out = locals + (size_t)cell * len;
+    for (int c = lane; c < len / 2; c += TRANSLATE_THREADS) {
+        int j, i;
+        output_of(c, &j, &i);
+        double re = 0.0, im = 0.0;
+        for (int kk = j; kk <= p; ++kk) {
+            const int d = kk - j;
+            const int lo = max(i - d, -kk), hi = min(i + d, kk);
+            for (int l = lo; l <= hi; ++l) {
+                const double2 lv = l_full[full_index(kk, l)];
+                const double2 rv = r_full[full_index(d, l - i)];
+                const double rr = rv.x, ri = -rv.y;
+                re += lv.x * rr - lv.y * ri;
+                im += lv.x * ri + lv.y * rr;
+            }
+        }
+        out[2 * c] += re;
+        out[2 * c + 1] += im;
+    }
+}
+
+// Particles whose harmonics a P2M block holds at once.
+#define P2M_BATCH 8
+
+// Multipoles of the `count` leaf cells `leaves` (order p, `len` = (p + 1)(p + 2) values per
+// cell, indexed by cell) about their centres: M = Σ q conj(R(x - centre)), one warp per
+// leaf. The threads compute the regular harmonics of P2M_BATCH particles at a time into
+// shared memory (a thread per particle and order m); each thread then adds them to the
+// coefficients it owns, particle by particle in the leaf's order (the order of the
+// one-thread form).
+extern "C" __global__ void p2m_leaves(
+    const double* __restrict__ pos, const double* __restrict__ mass,
+    const unsigned* __restrict__ leaves, unsigned count,
+    const unsigned* __restrict__ cell_begin, const unsigned* __restrict__ cell_end,
+    const double* __restrict__ centre, int p, double* __restrict__ multipoles)
+{
+    // The m >= 0 harmonics of each particle of a batch, at cidx.
+    constexpr int HALF = LEAPFMM_MAX_LEN / 2;
+    __shared__ double2 r_half[P2M_BATCH * HALF];
+    const unsigned k = blockIdx.x;
+    const int lane = (int)threadIdx.x;
+    if (k >= count) {
+        return;
+    }
+    const unsigned leaf = leaves[k];
+    const int len = (p + 1) * (p + 2);
+    const double cx = centre[3 * leaf], cy = centre[3 * leaf + 1], cz = centre[3 * leaf + 2];
+    const unsigned begin = cell_begin[leaf], end = cell_end[leaf];
+    double sum_r[TRANSLATE_ROUNDS], sum_i[TRANSLATE_ROUNDS];
+#pragma unroll
+    for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
+        sum_r[r] = 0.0;
+        sum_i[r] = 0.0;
+    }
+    for (unsigned base = begin; base < end; base += P2M_BATCH) {
+        const int batch = (int)min((unsigned)P2M_BATCH, end - base);
+        __syncthreads();
+        for (int w = lane; w < batch * (p + 1); w += TRANSLATE_THREADS) {
+            const int s = w / (p + 1), m = w - s * (p + 1);
+            const unsigned i = base + s;
+            regular_column(p, m, pos[3 * i] - cx, pos[3 * i + 1] - cy, pos[3 * i + 2] - cz,
+                           false, &r_half[s * HALF]);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
+            const int c = lane + r * TRANSLATE_THREADS;
+            if (c >= len / 2) {
+                continue;
+            }
+            for (int s = 0; s < batch; ++s) {
+                const double q = mass[base + s];
+                const double2 v = r_half[s * HALF + c];
+                sum_r[r] += q * v.x;
+                sum_i[r] -= q * v.y;
+            }
+        }
+    }
+    double* out = multipoles + (size_t)leaf * len;
+#pragma unroll
+    for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
+        const int c = lane + r * TRANSLATE_THREADS;
+        if (c < len / 2) {
+            out[2 * c] = sum_r[r];
+            out[2 * c + 1] = sum_i[r];
+        }
+    }
 }

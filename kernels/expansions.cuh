@@ -48,14 +48,6 @@ __device__ __forceinline__ void for_each_regular(int p, double x, double y, doub
     }
 }
 
-// Regular solid harmonics R_n^m(x) for n <= p into out[2 * cidx(n, m) + {0, 1}].
-__device__ __forceinline__ void regular(int p, double x, double y, double z, double* out) {
-    for_each_regular(p, x, y, z, [&](int n, int m, double re, double im) {
-        out[2 * cidx(n, m)] = re;
-        out[2 * cidx(n, m) + 1] = im;
-    });
-}
-
 // Coefficient (n, m) for any -n <= m <= n by the real-source symmetry
 // C_n^{-m} = (-1)^m conj(C_n^m).
 __device__ __forceinline__ void coefficient(const double* c, int n, int m, double* re, double* im) {

@@ -208,9 +208,17 @@ fn p2p_kernel_matches_the_cpu_pair_sums() {
     // must not turn into an infinity).
     for (kernel, epsilon, block) in [
         (SofteningKernel::Spline, 0.05, 64),
-        (SofteningKernel::Spline, 0.05, leapfmm::gpu::memory::P2P_THREADS),
+        (
+            SofteningKernel::Spline,
+            0.05,
+            leapfmm::gpu::memory::P2P_THREADS,
+        ),
         (SofteningKernel::Plummer, 0.05, 64),
-        (SofteningKernel::Plummer, 0.05, leapfmm::gpu::memory::P2P_THREADS),
+        (
+            SofteningKernel::Plummer,
+            0.05,
+            leapfmm::gpu::memory::P2P_THREADS,
+        ),
         (SofteningKernel::Plummer, 0.0, 64),
     ] {
         let softening = Softening { kernel, epsilon };
@@ -1083,13 +1091,20 @@ fn f64_bytes(b: &mut Vec<u8>, v: impl IntoIterator<Item = f64>) {
 
 #[test]
 fn p2m_kernel_matches_the_cpu_multipoles() {
+    // One warp a leaf, the particles in batches of 8 (9: one and a partial one); at p = 12
+    // a thread owns up to three of the 91 coefficients.
+    for p in [1usize, 7, 12] {
+        p2m_kernel_matches_at_order(p);
+    }
+}
+
+fn p2m_kernel_matches_at_order(p: usize) {
     use leapfmm::fmm::expansion::{real_len, regular};
     let l = leaves(&[0, 1, 9, 70, 33], 21);
-    let p = 7usize;
     let len = real_len(p);
     let nl = l.begin.len();
     let mut b = Vec::new();
-    u32_bytes(&mut b, &[l.pos.len() as u32, nl as u32, p as u32, 2]);
+    u32_bytes(&mut b, &[l.pos.len() as u32, nl as u32, p as u32]);
     f64_bytes(&mut b, l.pos.iter().flatten().copied());
     f64_bytes(&mut b, l.mass.iter().copied());
     u32_bytes(&mut b, &l.begin);
@@ -1113,7 +1128,7 @@ fn p2m_kernel_matches_the_cpu_multipoles() {
             let got = out[leaf * len + c];
             assert!(
                 (got - m[c]).abs() <= 1e-13 * scale,
-                "leaf {leaf} coefficient {c}: {got} vs {}",
+                "p = {p}, leaf {leaf} coefficient {c}: {got} vs {}",
                 m[c]
             );
         }
@@ -1194,8 +1209,14 @@ const FAMILY: [[f64; 3]; 4] = [
 
 #[test]
 fn m2m_and_l2l_kernels_match_the_cpu_translations() {
+    // One warp a cell: at p = 12 a thread owns up to three of the 91 outputs.
+    for p in [1usize, 7, 12] {
+        m2m_and_l2l_match_at_order(p);
+    }
+}
+
+fn m2m_and_l2l_match_at_order(p: usize) {
     use leapfmm::fmm::expansion::{l2l, m2m, real_len};
-    let p = 7usize;
     let len = real_len(p);
     let centres: Vec<f64> = FAMILY.iter().flatten().copied().collect();
     let offset =
@@ -1206,7 +1227,7 @@ fn m2m_and_l2l_kernels_match_the_cpu_translations() {
         for (c, (g, w)) in got.iter().zip(want).enumerate() {
             assert!(
                 (g - w).abs() <= 1e-13 * scale,
-                "{what} coefficient {c}: {g} vs {w}"
+                "{what} at p = {p}, coefficient {c}: {g} vs {w}"
             );
         }
     };
@@ -1215,7 +1236,7 @@ fn m2m_and_l2l_kernels_match_the_cpu_translations() {
     let mut m = random_expansions(4, p, 3);
     m[..len].fill(7.0); // overwritten by the kernel
     let mut b = Vec::new();
-    u32_bytes(&mut b, &[4, 1, p as u32, 1]);
+    u32_bytes(&mut b, &[4, 1, p as u32]);
     f64_bytes(&mut b, centres.iter().copied());
     u32_bytes(&mut b, &[1, 0, 0, 0]); // first child
     u32_bytes(&mut b, &[3, 0, 0, 0]); // child count
@@ -1238,7 +1259,7 @@ fn m2m_and_l2l_kernels_match_the_cpu_translations() {
     // L2L: each child adds its parent's local translated to its centre.
     let l = random_expansions(4, p, 4);
     let mut b = Vec::new();
-    u32_bytes(&mut b, &[4, 3, p as u32, 2]);
+    u32_bytes(&mut b, &[4, 3, p as u32]);
     f64_bytes(&mut b, centres.iter().copied());
     u32_bytes(&mut b, &[0, 0, 0, 0]); // parent of each cell
     u32_bytes(&mut b, &[1, 2, 3]); // the cells of this level
@@ -1249,6 +1270,7 @@ fn m2m_and_l2l_kernels_match_the_cpu_translations() {
         l2l(p, offset(ch, 0), &l[..len], &mut want, &mut scratch);
         close(&out[ch * len..(ch + 1) * len], &want, "L2L");
     }
+    assert_eq!(&out[..len], &l[..len], "the parent untouched");
 }
 
 #[test]

@@ -10,11 +10,11 @@
 //                             positions and masses of the particles (gather_rows and
 //                             gather_tree_order: what a rank's device sends another)
 //   harness conserved IN OUT  IN: n, block, pos, vel, mass, pot; OUT: the per-chunk conserved sums
-//   harness p2m IN OUT        IN: n, leaves, p, block, pos, mass, leaf ranges and centres; OUT: multipoles
+//   harness p2m IN OUT        IN: n, leaves, p, pos, mass, leaf ranges and centres; OUT: multipoles
 //   harness l2p IN OUT        IN: n, leaves, p, block, g, pos, leaf_of, centres, locals; OUT: acc, pot
-//   harness m2m IN OUT        IN: cells, parents, p, block, centres, first_child, child_count,
+//   harness m2m IN OUT        IN: cells, parents, p, centres, first_child, child_count,
 //                             parents, multipoles; OUT: multipoles
-//   harness l2l IN OUT        IN: cells, children, p, block, centres, parent, children, locals;
+//   harness l2l IN OUT        IN: cells, children, p, centres, parent, children, locals;
 //                             OUT: locals
 //   harness fmm IN OUT        IN: a whole device plan (tests/gpu_kernels.rs: fmm_input); OUT: acc, pot
 //                             of the own particles from the pass sequence P2M, M2M (unless the
@@ -185,7 +185,6 @@ int main(int argc, char** argv) {
         put(out, partial);
     } else if (mode == "p2m") {
         auto n = in.one<uint32_t>(), leaves = in.one<uint32_t>(), p = in.one<uint32_t>();
-        auto block = in.one<uint32_t>();
         auto pos = in.many<double>(3 * n);
         auto mass = in.many<double>(n);
         auto begin = in.many<uint32_t>(leaves), end = in.many<uint32_t>(leaves);
@@ -193,7 +192,7 @@ int main(int argc, char** argv) {
         std::vector<double> multipoles((size_t)leaves * (p + 1) * (p + 2), -1.0);
         std::vector<unsigned> which(leaves);
         for (unsigned k = 0; k < leaves; ++k) which[k] = k;
-        launch((leaves + block - 1) / block, block, p2m_leaves, (const double*)pos.data(),
+        launch(leaves, TRANSLATE_THREADS, p2m_leaves, (const double*)pos.data(),
                (const double*)mass.data(), (const unsigned*)which.data(), (unsigned)leaves,
                (const unsigned*)begin.data(), (const unsigned*)end.data(),
                (const double*)centre.data(), (int)p, multipoles.data());
@@ -213,22 +212,21 @@ int main(int argc, char** argv) {
         put(out, acc);
         put(out, pot);
     } else if (mode == "m2m" || mode == "l2l") {
+        // One block of TRANSLATE_THREADS per cell, as on the GPU.
         auto cells = in.one<uint32_t>(), count = in.one<uint32_t>(), p = in.one<uint32_t>();
-        auto block = in.one<uint32_t>();
         auto centre = in.many<double>(3 * cells);
-        unsigned grid = (count + block - 1) / block;
         if (mode == "m2m") {
             auto first = in.many<uint32_t>(cells), counts = in.many<uint32_t>(cells);
             auto parents = in.many<uint32_t>(count);
             auto m = in.many<double>((size_t)cells * (p + 1) * (p + 2));
-            launch(grid, block, m2m_cells, (const unsigned*)parents.data(), (unsigned)count,
+            launch(count, TRANSLATE_THREADS, m2m_cells, (const unsigned*)parents.data(), (unsigned)count,
                    (const unsigned*)first.data(), (const unsigned*)counts.data(),
                    (const double*)centre.data(), (int)p, m.data());
             put(out, m);
         } else {
             auto parent = in.many<uint32_t>(cells), which = in.many<uint32_t>(count);
             auto l = in.many<double>((size_t)cells * (p + 1) * (p + 2));
-            launch(grid, block, l2l_cells, (const unsigned*)which.data(), (unsigned)count,
+            launch(count, TRANSLATE_THREADS, l2l_cells, (const unsigned*)which.data(), (unsigned)count,
                    (const unsigned*)parent.data(), (const double*)centre.data(), (int)p, l.data());
             put(out, l);
         }
@@ -310,7 +308,7 @@ int main(int argc, char** argv) {
         std::vector<double> acc(3 * own_n, 0.0), pot(own_n, 0.0);
         auto grid = [&](size_t count) { return (unsigned)((count + block - 1) / block); };
         if (upward) {
-            launch(grid(n_leaves), block, p2m_leaves, (const double*)pos.data(),
+            launch(n_leaves, TRANSLATE_THREADS, p2m_leaves, (const double*)pos.data(),
                    (const double*)mass.data(), (const unsigned*)leaves.data(), (unsigned)n_leaves,
                    (const unsigned*)begin.data(), (const unsigned*)end.data(),
                    (const double*)centre.data(), (int)p, multipoles.data());
@@ -320,7 +318,7 @@ int main(int argc, char** argv) {
                 for (unsigned c = level_start[l]; c < level_start[l + 1]; ++c)
                     if (counts[c] > 0) parents.push_back(c);
                 if (parents.empty()) continue;
-                launch(grid(parents.size()), block, m2m_cells, (const unsigned*)parents.data(),
+                launch((unsigned)parents.size(), TRANSLATE_THREADS, m2m_cells, (const unsigned*)parents.data(),
                        (unsigned)parents.size(), (const unsigned*)first.data(),
                        (const unsigned*)counts.data(), (const double*)centre.data(), (int)p,
                        multipoles.data());
@@ -340,7 +338,7 @@ int main(int argc, char** argv) {
         // Downward: every level below the root, top first.
         for (unsigned l = 1; l + 1 < levels; ++l) {
             unsigned count = level_start[l + 1] - level_start[l];
-            launch(grid(count), block, l2l_cells, (const unsigned*)(all.data() + level_start[l]),
+            launch(count, TRANSLATE_THREADS, l2l_cells, (const unsigned*)(all.data() + level_start[l]),
                    count, (const unsigned*)parent.data(), (const double*)centre.data(), (int)p,
                    locals.data());
         }

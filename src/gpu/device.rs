@@ -21,7 +21,7 @@
 //! the NCCL link needs a machine with a GPU per rank and has not run yet).
 
 use super::memory::{
-    DeviceLengths, M2L_SMALL_ORDER, M2L_THREADS, P2P_THREADS, THREADS_PER_BLOCK,
+    DeviceLengths, M2L_SMALL_ORDER, M2L_THREADS, P2P_THREADS, THREADS_PER_BLOCK, TRANSLATE_THREADS,
     resident_f64_counts,
 };
 use super::nccl::NcclLink;
@@ -534,6 +534,15 @@ fn grid(count: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: ((count as u32).div_ceil(BLOCK).max(1), 1, 1),
         block_dim: (BLOCK, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// One block of TRANSLATE_THREADS per cell, for `count` cells (P2M, M2M, L2L).
+fn per_cell(count: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: ((count as u32).max(1), 1, 1),
+        block_dim: (TRANSLATE_THREADS, 1, 1),
         shared_mem_bytes: 0,
     }
 }
@@ -1707,8 +1716,8 @@ fn run_passes(
             .arg(&b.centre.buf)
             .arg(&p);
         launch.arg(&mut b.locals.buf);
-        // SAFETY: as above, for l2l_cells.
-        unsafe { launch.launch(grid(count as usize)) }?;
+        // SAFETY: as above, for l2l_cells (one block of TRANSLATE_THREADS per cell).
+        unsafe { launch.launch(per_cell(count as usize)) }?;
     }
     let n32 = n as u32;
     let mut launch = stream.launch_builder(&k.l2p);
@@ -1786,8 +1795,9 @@ fn upward_pass(
         .arg(&b.begin.buf)
         .arg(&b.end.buf);
     launch.arg(&b.centre.buf).arg(&p).arg(&mut b.multipoles.buf);
-    // SAFETY: the arguments match p2m_leaves's signature and the buffers' sizes.
-    unsafe { launch.launch(grid(plan.leaves.len())) }?;
+    // SAFETY: the arguments match p2m_leaves's signature and the buffers' sizes; one block
+    // of TRANSLATE_THREADS per leaf.
+    unsafe { launch.launch(per_cell(plan.leaves.len())) }?;
     for &(start, count) in b.parent_levels.iter().rev() {
         if count == 0 {
             continue;
@@ -1801,8 +1811,8 @@ fn upward_pass(
             .arg(&b.first_child.buf)
             .arg(&b.child_count.buf);
         launch.arg(&b.centre.buf).arg(&p).arg(&mut b.multipoles.buf);
-        // SAFETY: as above, for m2m_cells.
-        unsafe { launch.launch(grid(count)) }?;
+        // SAFETY: as above, for m2m_cells (one block of TRANSLATE_THREADS per cell).
+        unsafe { launch.launch(per_cell(count)) }?;
     }
     stream.synchronize()?;
     secs.upward = t.elapsed().as_secs_f64();

@@ -28,6 +28,10 @@ pub const THREADS_PER_BLOCK: u32 = 128;
 /// up to 4 targets).
 pub const P2P_THREADS: u32 = 32;
 
+/// Threads of an M2M or L2L block, one block per cell (`TRANSLATE_THREADS` in
+/// expansions.cu).
+pub const TRANSLATE_THREADS: u32 = 32;
+
 /// Threads of an M2L block, one block per target cell (`M2L_THREADS` in expansions.cu).
 pub const M2L_THREADS: u32 = 32;
 /// Largest expansion order of the M2L kernel with less shared memory, `m2l_cells_p8`

@@ -137,6 +137,13 @@ mod tests {
             define::<u64>("expansions.cu", "M2L_THREADS")
         );
         assert_eq!(
+            u64::from(crate::gpu::memory::TRANSLATE_THREADS),
+            define::<u64>("expansions.cu", "TRANSLATE_THREADS")
+        );
+        assert!(
+            u64::from(crate::gpu::memory::P2P_THREADS) <= define::<u64>("p2p.cu", "P2P_MAX_BLOCK")
+        );
+        assert_eq!(
             crate::gpu::memory::M2L_SMALL_ORDER as u64,
             define::<u64>("expansions.cu", "M2L_SMALL_ORDER")
         );
