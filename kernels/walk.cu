@@ -2,24 +2,27 @@
 // every cell a target): the M2L sources and P2P source leaves of every cell, the same lists
 // in the same order as the host's, level by level. A target at level l takes the sources its
 // parent deferred (the root: itself), merges them with the children of the sources it opens
-// on the spot (smallest index first, the opened ones waiting in a ring of WALK_QUEUE
-// entries), decides each pair as the host does (`Mac::accepts`, `open_second`, the
-// symmetric walk's order of the pair), and writes its M2L and P2P lists and the sources it
-// defers to its children (with its own children in their place when it meets itself).
+// on the spot (smallest index first, the opened ones waiting in a ring), decides each pair
+// as the host does (`Mac::accepts`, `open_second`, the symmetric walk's order of the pair),
+// and writes its M2L and P2P lists and the sources it defers to its children (with its own
+// children in their place when it meets itself).
 //
-// One thread per target, run twice per level: a counting pass, then (after the host's
-// prefix sums of the counts) a writing pass that repeats the decisions and writes at the
-// offsets. Whatever the host's walk would have had to sort (a list out of increasing order)
-// or a ring that overflows is counted in `problems`: the host then walks itself.
+// One thread per target, run twice per level: a counting pass, then (after the prefix sums
+// of the counts) a writing pass that repeats the decisions and writes at the offsets.
+//
+// The rings: a launch over a range of targets gives each thread a short ring (the host
+// picks its length), so that a launch holds enough targets to keep the GPU busy (the walk
+// is latency-bound). A target whose ring fills up stops, writes no counts or spans, and
+// puts itself on the `retry` list (an integer atomic append; each target's results go to
+// its own slots, so the list's order does not matter); the host then launches the listed
+// targets again with long rings, and one that fills even those is the host's to walk. (The Milky Way
+// model at 1e7, default settings, needs more than 1024 entries for 18 targets of its first
+// step and more than 4096 for 2 of its fourth: a large leaf next to the dense bulge opens its
+// sources down to many small leaves. 16384 is enough there.) Whatever else the host's walk
+// would have had to handle (a list out of increasing order, a leaf that defers sources) is
+// counted in `problems` too: the host then walks itself. A target stopped in a writing pass
+// has written a prefix of its lists, which its second launch writes again in full.
 
-// Opened sources waiting in one target's ring (a power of two; the emulation tests build
-// a smaller one to make it overflow). The Milky Way model at 1e7 (default settings) needs
-// more than 1024 for 18 targets of its first step and more than 4096 for 2 of its fourth
-// (first seen on an H200, 2026-12-04): a large leaf next to the dense bulge opens its
-// sources down to many small leaves. 16384 is enough there.
-#ifndef WALK_QUEUE
-#define WALK_QUEUE 16384
-#endif
 // Relative band around the MAC's thresholds inside which the square root decides
 // (traversal.rs: MAC_BAND).
 #define WALK_MAC_BAND 1e-9
@@ -80,31 +83,37 @@ struct WalkList {
 };
 
 // The targets chunk_first .. chunk_first + chunk_count of the level whose cells start at
-// level_first. Sources handed to target t: `handed[start .. start + len]` with (start, len)
-// = unpack(deferred_span[parent[t]]) (the root: itself). counts[i stride + k], k = t -
+// level_first, or with `which` the targets which[chunk_first .. chunk_first + chunk_count].
+// Sources handed to target t: `handed[start .. start + len]` with (start, len) =
+// unpack(deferred_span[parent[t]]) (the root: itself). counts[i stride + k], k = t -
 // level_first: how many M2L sources (i = 0), P2P sources (1) and deferred sources (2) t has
 // (each list's counts contiguous, `stride` apart, for the prefix sums); pairs[t]: its P2P
-// particle pairs. With `write` (counts now the exclusive prefix sums over
-// the level, per list), t's lists go to m2l_out[m2l_base + offset ..], p2p_out[p2p_base +
-// offset ..] and deferred_out[offset ..], with their spans. `ring` holds WALK_QUEUE entries
-// per thread of the launch.
+// particle pairs. With `write` (counts now the exclusive prefix sums over the level, per
+// list), t's lists go to m2l_out[m2l_base + offset ..], p2p_out[p2p_base + offset ..] and
+// deferred_out[offset ..], with their spans. `ring` holds `queue` entries (a power of two)
+// per thread of the launch; a target whose ring fills up is appended to `retry`
+// (`retry_count` counts them). With `listed`, the launch's targets are
+// which[chunk_first ..] instead.
 extern "C" __global__ void walk_level(
-    unsigned level_first, unsigned chunk_first, unsigned chunk_count, int write,
+    unsigned level_first, unsigned chunk_first, unsigned chunk_count, int listed,
+    const unsigned* __restrict__ which, int write,
     const double* __restrict__ moments, const unsigned* __restrict__ begin,
     const unsigned* __restrict__ end, const unsigned* __restrict__ first_child,
     const unsigned* __restrict__ child_count, const unsigned* __restrict__ parent,
     const unsigned long long* __restrict__ handed_span, const unsigned* __restrict__ handed,
-    double theta, double support, unsigned* __restrict__ ring, unsigned stride,
+    double theta, double support, unsigned* __restrict__ ring, unsigned queue, unsigned stride,
     unsigned* __restrict__ counts,
     unsigned long long* __restrict__ pairs, unsigned m2l_base, unsigned p2p_base,
     unsigned* __restrict__ m2l_out, unsigned long long* __restrict__ m2l_spans,
     unsigned* __restrict__ p2p_out, unsigned long long* __restrict__ p2p_spans,
     unsigned* __restrict__ deferred_out, unsigned long long* __restrict__ deferred_span,
+    unsigned* __restrict__ retry, unsigned* __restrict__ retry_count,
     unsigned* __restrict__ problems) {
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= chunk_count) return;
-    const unsigned t = chunk_first + i, k = t - level_first;
-    unsigned* queue = ring + (size_t)i * WALK_QUEUE;
+    const unsigned t = listed ? which[chunk_first + i] : chunk_first + i, k = t - level_first;
+    unsigned* ring_of_t = ring + (size_t)i * queue;
+    const unsigned mask = queue - 1;
     // The root is handed itself (no list: a local one would live in local memory).
     const unsigned* from = nullptr;
     unsigned from_len = 1;
@@ -123,13 +132,13 @@ extern "C" __global__ void walk_level(
     const unsigned t_first = first_child[t], t_children = child_count[t];
     const unsigned long long t_count = end[t] - begin[t];
     unsigned long long near_pairs = 0;
-    bool split_self = false, children_placed = false, overflow = false;
+    bool split_self = false, children_placed = false, full = false;
     unsigned next_handed = 0, head = 0, tail = 0;
-    while (!overflow) {
+    while (!full) {
         unsigned s;
         const bool have_handed = next_handed < from_len, have_opened = head < tail;
         if (have_handed && have_opened) {
-            const unsigned h = from ? from[next_handed] : 0u, o = queue[head % WALK_QUEUE];
+            const unsigned h = from ? from[next_handed] : 0u, o = ring_of_t[head & mask];
             if (o < h) {
                 s = o;
                 ++head;
@@ -141,7 +150,7 @@ extern "C" __global__ void walk_level(
             s = from ? from[next_handed] : 0u;
             ++next_handed;
         } else if (have_opened) {
-            s = queue[head++ % WALK_QUEUE];
+            s = ring_of_t[head++ & mask];
         } else {
             break;
         }
@@ -169,11 +178,11 @@ extern "C" __global__ void walk_level(
         if (opens_source) {
             const unsigned c0 = first_child[s], c1 = c0 + child_count[s];
             for (unsigned c = c0; c < c1; ++c) {
-                if (tail - head == WALK_QUEUE) {
-                    overflow = true;
+                if (tail - head == queue) {
+                    full = true;
                     break;
                 }
-                queue[tail++ % WALK_QUEUE] = c;
+                ring_of_t[tail++ & mask] = c;
             }
         } else {
             // The target's own children go where the host's partition point puts them:
@@ -185,11 +194,17 @@ extern "C" __global__ void walk_level(
             deferred.put(s);
         }
     }
+    if (full) {
+        retry[atomicAdd(retry_count, 1u)] = t;
+        return;
+    }
     if (split_self && !children_placed) {
         for (unsigned c = t_first; c < t_first + t_children; ++c) deferred.put(c);
     }
-    if (t_leaf && deferred.count > 0) overflow = true;
-    if (overflow || !m2l.sorted || !p2p.sorted || !deferred.sorted) atomicAdd(problems, 1u);
+    const bool leaf_defers = t_leaf && deferred.count > 0;
+    if (leaf_defers || !m2l.sorted || !p2p.sorted || !deferred.sorted) {
+        atomicAdd(problems, 1u);
+    }
     if (write) {
         const unsigned m2l_start = m2l_base + counts[k], p2p_start = p2p_base + counts[stride + k];
         m2l_spans[t] = ((unsigned long long)m2l_start << 32) | m2l.count;

@@ -19,15 +19,6 @@ fn harness() -> PathBuf {
     BUILT.get_or_init(|| build_harness("plain", &[])).clone()
 }
 
-/// The harness with walk.cu's ring of opened sources cut to 8 entries, so that walks
-/// overflow it.
-fn small_ring_harness() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT
-        .get_or_init(|| build_harness("small-ring", &["-DWALK_QUEUE=8"]))
-        .clone()
-}
-
 /// Builds the harness `variant` with `defines` added to the compiler flags (or finds it
 /// built), removing that variant's builds for sources that are gone.
 fn build_harness(variant: &str, defines: &[&str]) -> PathBuf {
@@ -644,7 +635,7 @@ impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
         if !self.walk {
             return Ok(None);
         }
-        let w = emulated_walk(&harness(), tree, mac, 4096);
+        let w = emulated_walk(tree, mac, 4096, GPU_RINGS);
         assert_eq!(w.problems, 0);
         let lists = leapfmm::fmm::solver::DeviceLists {
             m2l: w.m2l_sources.len(),
@@ -931,8 +922,8 @@ fn device_walk_gives_the_hosts_lists() {
         p2p.reset(10_000_000);
         let walked = walk(&tree, None, mac, &[], &m2l, &p2p);
         let (far, near) = (m2l.take(), p2p.take());
-        let w = emulated_walk(&harness(), &tree, mac, chunk);
-        assert_eq!(w.problems, 0);
+        let w = emulated_walk(&tree, mac, chunk, GPU_RINGS);
+        assert_eq!((w.problems, w.retried), (0, 0));
         let (m2l_spans, p2p_spans, pairs) = (&w.m2l_spans, &w.p2p_spans, &w.pairs);
         let (device_m2l, device_p2p) = (&w.m2l_sources, &w.p2p_sources);
         let (m2l_total, p2p_total) = (device_m2l.len(), device_p2p.len());
@@ -969,10 +960,23 @@ fn device_walk_gives_the_hosts_lists() {
             far.len(),
             near.len()
         );
-        // With a ring of 8 opened sources, targets overflow it: the walk says so (the
-        // host then walks) instead of writing past the ring or dropping sources silently.
-        let small = emulated_walk(&small_ring_harness(), &tree, mac, chunk);
-        assert!(small.problems > 0, "no overflow with a ring of 8");
+        // With short rings of 8 opened sources, targets fill them: they are launched again
+        // with long rings, and the lists are the same.
+        let retried = emulated_walk(&tree, mac, chunk, (8, 16384));
+        assert_eq!(retried.problems, 0);
+        assert!(retried.retried > 0, "no short ring filled up");
+        assert_eq!(
+            (&retried.m2l_spans, &retried.p2p_spans, &retried.pairs),
+            (&w.m2l_spans, &w.p2p_spans, &w.pairs)
+        );
+        assert_eq!(
+            (&retried.m2l_sources, &retried.p2p_sources),
+            (&w.m2l_sources, &w.p2p_sources)
+        );
+        // With long rings of 8 too, the walk says so (the host then walks) instead of
+        // writing past a ring or dropping sources silently.
+        let small = emulated_walk(&tree, mac, chunk, (8, 8));
+        assert!(small.problems > 0, "no long ring filled up");
     }
 }
 
@@ -997,9 +1001,18 @@ fn assert_walked_lists_are_the_plans(
     }
 }
 
+/// The GPU's rings of opened sources: short, and long for the targets launched again
+/// (src/gpu/sort.rs).
+const GPU_RINGS: (u32, u32) = (
+    leapfmm::gpu::sort::WALK_SHORT_QUEUE as u32,
+    leapfmm::gpu::sort::WALK_QUEUE as u32,
+);
+
 /// kernels/walk.cu's lists under the emulation (harness mode `walk`).
 struct EmulatedWalk {
     problems: u32,
+    /// Targets launched again with long rings.
+    retried: u32,
     m2l_spans: Vec<u64>,
     p2p_spans: Vec<u64>,
     pairs: Vec<u64>,
@@ -1007,35 +1020,49 @@ struct EmulatedWalk {
     p2p_sources: Vec<u32>,
 }
 
-/// The device walk of `tree` (moments set) with `mac`, in launches of `chunk` targets, by
-/// harness `exe`.
+/// The device walk of `tree` (moments set) with `mac`, in launches of `chunk` targets with
+/// `rings` (short, long) entries of opened sources (the targets launched again in launches
+/// of `chunk` too).
 fn emulated_walk(
-    exe: &Path,
     tree: &leapfmm::fmm::tree::Tree,
     mac: leapfmm::fmm::traversal::Mac,
     chunk: u32,
+    rings: (u32, u32),
 ) -> EmulatedWalk {
     let cells = tree.cells.len();
     let mut b = Vec::new();
     let levels = tree.depth();
-    u32_bytes(&mut b, &[cells as u32, levels as u32, chunk, 32]);
+    u32_bytes(
+        &mut b,
+        &[
+            cells as u32,
+            levels as u32,
+            chunk,
+            chunk,
+            rings.0,
+            rings.1,
+            32,
+        ],
+    );
     f64_bytes(&mut b, [mac.theta, mac.support]);
     f64_bytes(&mut b, tree.moments().into_iter().flatten());
     tree_bytes(&mut b, tree);
-    let out = run(exe, "walk", &b);
+    let out = run(&harness(), "walk", &b);
     let word = |i: usize| u32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap());
-    let (problems, m2l_total, p2p_total) = (word(0), word(1) as usize, word(2) as usize);
+    let (problems, retried) = (word(0), word(1));
+    let (m2l_total, p2p_total) = (word(2) as usize, word(3) as usize);
     let u64_at = |at: usize| u64::from_le_bytes(out[at..at + 8].try_into().unwrap());
     let spans = |which: usize| -> Vec<u64> {
         (0..cells)
-            .map(|c| u64_at(12 + 8 * (which * cells + c)))
+            .map(|c| u64_at(16 + 8 * (which * cells + c)))
             .collect()
     };
-    let lists = 12 + 24 * cells;
+    let lists = 16 + 24 * cells;
     let u32_at =
         |i: usize| u32::from_le_bytes(out[lists + 4 * i..lists + 4 * i + 4].try_into().unwrap());
     EmulatedWalk {
         problems,
+        retried,
         m2l_spans: spans(0),
         p2p_spans: spans(1),
         pairs: spans(2),

@@ -137,6 +137,7 @@ fn value_type(before: &str, name: &str) -> Option<String> {
                     if text.trim_end().ends_with(';') {
                         break;
                     }
+                    text.push(' ');
                     text.push_str(more.trim());
                 }
                 let inner = text.trim().trim_end_matches(';').trim();
@@ -222,6 +223,7 @@ fn every_launch_matches_its_kernels_signature() {
         ("next", "deferred"),
         ("handed_spans", "deferred_spans"),
         ("next_spans", "deferred_spans"),
+        ("which", "retry"),
         ("out", "acc"),
         ("by", "vel"),
         ("m2l_spans", "m2l_spans"),

@@ -30,9 +30,11 @@
 //                             begin, end, first_child, child_count, parent (per cell),
 //                             level_start (levels + 1), leaves; OUT: leaf_of, then mass,
 //                             centre and r_max of each cell (5 values)
-//   harness walk IN OUT       IN: cells, levels, chunk, block, theta, support, moments (5 per
+//   harness walk IN OUT       IN: cells, levels, chunk, retry chunk, short ring, long ring,
+//                             block, theta, support, moments (5 per
 //                             cell), begin, end, first_child, child_count, parent (per
-//                             cell), level_start; OUT: problems, M2L and P2P totals, M2L
+//                             cell), level_start; OUT: problems, targets launched
+//                             again with long rings, M2L and P2P totals, M2L
 //                             spans, P2P spans, P2P pairs (per cell), M2L list, P2P list
 //   harness runs IN OUT       IN: n, block, sorted keys, ids (by particle), particle indices;
 //                             OUT: problems, the indices with runs of equal keys ordered by id
@@ -385,8 +387,13 @@ int main(int argc, char** argv) {
         put(out, leaf_of);
         put(out, moments);
     } else if (mode == "walk") {
+        // As GpuFmm::walk: each pass of a level launches its targets `chunk` at a time with
+        // rings of `short_queue` entries, then the targets whose rings filled up `retry_chunk`
+        // at a time with rings of `long_queue`; a target that fills those is a problem.
         auto cells = in.one<uint32_t>(), levels = in.one<uint32_t>();
-        auto chunk = in.one<uint32_t>(), block = in.one<uint32_t>();
+        auto chunk = in.one<uint32_t>(), retry_chunk = in.one<uint32_t>();
+        auto short_queue = in.one<uint32_t>(), long_queue = in.one<uint32_t>();
+        auto block = in.one<uint32_t>();
         auto theta = in.one<double>(), support = in.one<double>();
         auto moments = in.many<double>(5 * cells);
         auto begin = in.many<uint32_t>(cells), end = in.many<uint32_t>(cells);
@@ -396,12 +403,16 @@ int main(int argc, char** argv) {
         std::vector<uint64_t> m2l_spans(cells), p2p_spans(cells), pairs(cells), deferred_span[2];
         // No launch has more targets than there are cells.
         std::vector<uint32_t> m2l_list, p2p_list, deferred[2],
-            ring((size_t)std::min(chunk, cells) * WALK_QUEUE);
+            ring(std::max((size_t)std::min(chunk, cells) * short_queue,
+                          (size_t)std::min(retry_chunk, cells) * long_queue)),
+            retry[2];
+        retry[0].resize(cells);
+        retry[1].resize(cells);
         deferred_span[0].resize(cells);
         deferred_span[1].resize(cells);
         deferred[0].resize(1);
         deferred[1].resize(1);
-        unsigned problems = 0, m2l_base = 0, p2p_base = 0;
+        unsigned problems = 0, m2l_base = 0, p2p_base = 0, retried = 0;
         for (unsigned l = 0; l < levels; ++l) {
             unsigned first = level_start[l], count = level_start[l + 1] - first, stride = count + 1;
             std::vector<uint32_t> counts(3 * stride, 0);
@@ -411,21 +422,30 @@ int main(int argc, char** argv) {
             std::vector<uint32_t>& next = deferred[l % 2];
             std::vector<uint64_t>& next_span = deferred_span[l % 2];
             auto pass = [&](int write) {
-                for (unsigned c = first; c < first + count; c += chunk) {
-                    unsigned len = std::min(chunk, first + count - c);
-                    launch((len + block - 1) / block, block, walk_level, first, c, len, write,
+                unsigned listed[2] = {0, 0};
+                auto walk = [&](int from_list, unsigned c, unsigned len, unsigned queue) {
+                    launch((len + block - 1) / block, block, walk_level, first, c, len, from_list,
+                           (const unsigned*)retry[1 - from_list].data(), write,
                            (const double*)moments.data(), (const unsigned*)begin.data(),
                            (const unsigned*)end.data(), (const unsigned*)first_child.data(),
                            (const unsigned*)child_count.data(), (const unsigned*)parent.data(),
                            (const unsigned long long*)handed_span.data(),
                            (const unsigned*)handed.data(), theta, support,
-                           (unsigned*)ring.data(), stride, (unsigned*)counts.data(),
+                           (unsigned*)ring.data(), queue, stride, (unsigned*)counts.data(),
                            (unsigned long long*)pairs.data(), m2l_base, p2p_base,
                            (unsigned*)m2l_list.data(), (unsigned long long*)m2l_spans.data(),
                            (unsigned*)p2p_list.data(), (unsigned long long*)p2p_spans.data(),
                            (unsigned*)next.data(), (unsigned long long*)next_span.data(),
-                           &problems);
+                           (unsigned*)retry[from_list].data(), &listed[from_list], &problems);
+                };
+                for (unsigned c = first; c < first + count; c += chunk) {
+                    walk(0, c, std::min(chunk, first + count - c), short_queue);
                 }
+                retried += listed[0];
+                for (unsigned c = 0; c < listed[0]; c += retry_chunk) {
+                    walk(1, c, std::min(retry_chunk, listed[0] - c), long_queue);
+                }
+                problems += listed[1];
             };
             pass(0);
             for (unsigned i = 0; i < 3; ++i) {
@@ -438,8 +458,8 @@ int main(int argc, char** argv) {
             m2l_base += counts[count];
             p2p_base += counts[stride + count];
         }
-        uint32_t totals[3] = {problems, m2l_base, p2p_base};
-        std::fwrite(totals, 4, 3, out);
+        uint32_t totals[4] = {problems, retried, m2l_base, p2p_base};
+        std::fwrite(totals, 4, 4, out);
         put(out, m2l_spans);
         put(out, p2p_spans);
         put(out, pairs);

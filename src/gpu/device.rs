@@ -28,8 +28,8 @@ use super::nccl::NcclLink;
 use super::nvrtc::{KernelError, compile_all};
 use super::sort::{
     ANCESTOR_THREADS, BOUNDS_BLOCKS, BOUNDS_FIELDS, BOUNDS_THREADS, LEVEL_SLOTS, OFFSETS_THREADS,
-    RADIX_BITS, RADIX_THREADS, SCAN_BLOCKS, SCAN_THREADS, SCAN_VALUES, WALK_CHUNK, WALK_RING_BYTES,
-    cube_of_bounds, sort_blocks,
+    RADIX_BITS, RADIX_THREADS, SCAN_BLOCKS, SCAN_THREADS, SCAN_VALUES, WALK_CHUNK, WALK_QUEUE,
+    WALK_RETRY_CHUNK, WALK_RING_BYTES, WALK_SHORT_QUEUE, cube_of_bounds, sort_blocks,
 };
 use crate::distributed::comm::Communicator;
 use crate::distributed::payload::PayloadRoutes;
@@ -398,6 +398,10 @@ struct WalkBuffers {
     counts: Reused<u32>,
     pairs: Reused<u64>,
     ring: Reused<u32>,
+    /// The targets whose short rings filled up (launched again with long rings), and those
+    /// whose long rings did too; how many of each.
+    retry: [Reused<u32>; 2],
+    retry_count: [Reused<u32>; 2],
     problems: Reused<u32>,
 }
 
@@ -414,6 +418,8 @@ impl WalkBuffers {
             counts: Reused::new(stream, 3 * (cells + 1))?,
             pairs: Reused::new(stream, cells)?,
             ring: Reused::new(stream, WALK_RING_BYTES / 4)?,
+            retry: [Reused::new(stream, cells)?, Reused::new(stream, cells)?],
+            retry_count: [Reused::new(stream, 1)?, Reused::new(stream, 1)?],
             problems: Reused::new(stream, 1)?,
         })
     }
@@ -1409,6 +1415,9 @@ impl GpuFmm {
         for spans in &mut w.deferred_spans {
             spans.room(&stream, cells)?;
         }
+        for list in &mut w.retry {
+            list.room(&stream, cells)?;
+        }
         w.m2l_sources.room(&stream, caps.m2l_pairs)?;
         w.p2p_sources.room(&stream, caps.p2p_pairs)?;
         w.problems.zero(&stream, 1)?;
@@ -1462,50 +1471,83 @@ impl GpuFmm {
                     next.room(&stream, deferred)?;
                     level_totals = (m2l, p2p);
                 }
+                // The level's targets with short rings, then those whose rings filled up
+                // with long ones; any that fill those too are the host's to walk.
+                for r in &mut w.retry_count {
+                    r.zero(&stream, 1)?;
+                }
+                let [retry_0, retry_1] = &mut w.retry;
+                let [count_0, count_1] = &mut w.retry_count;
+                let stride32 = stride as u32;
+                let (m2l_base, p2p_base) = (m2l_total as u32, p2p_total as u32);
+                // Targets chunk_first.. of the level, or with `listed` of `which`.
+                let mut walk_launch =
+                    |listed: bool,
+                     (chunk_first, chunk_count): (usize, usize),
+                     which: &Reused<u32>,
+                     retry: &mut Reused<u32>,
+                     retry_count: &mut Reused<u32>| {
+                        let queue = if listed { WALK_QUEUE } else { WALK_SHORT_QUEUE } as u32;
+                        let (level_first, chunk_first, chunk_count, listed) = (
+                            first as u32,
+                            chunk_first as u32,
+                            chunk_count as u32,
+                            i32::from(listed),
+                        );
+                        let mut launch = stream.launch_builder(&k.walk_level);
+                        launch
+                            .arg(&level_first)
+                            .arg(&chunk_first)
+                            .arg(&chunk_count)
+                            .arg(&listed)
+                            .arg(&which.buf)
+                            .arg(&write)
+                            .arg(&m.out.buf)
+                            .arg(&m.begin.buf)
+                            .arg(&m.end.buf)
+                            .arg(&m.first_child.buf)
+                            .arg(&m.child_count.buf)
+                            .arg(&m.parent.buf);
+                        launch
+                            .arg(&handed_spans.buf)
+                            .arg(&handed.buf)
+                            .arg(&theta)
+                            .arg(&support)
+                            .arg(&mut w.ring.buf)
+                            .arg(&queue)
+                            .arg(&stride32)
+                            .arg(&mut w.counts.buf)
+                            .arg(&mut w.pairs.buf)
+                            .arg(&m2l_base)
+                            .arg(&p2p_base);
+                        launch
+                            .arg(&mut w.m2l_sources.buf)
+                            .arg(&mut w.m2l_spans.buf)
+                            .arg(&mut w.p2p_sources.buf)
+                            .arg(&mut w.p2p_spans.buf)
+                            .arg(&mut next.buf)
+                            .arg(&mut next_spans.buf)
+                            .arg(&mut retry.buf)
+                            .arg(&mut retry_count.buf)
+                            .arg(&mut w.problems.buf);
+                        // SAFETY: the arguments match walk_level's signature; the ring holds
+                        // `queue` entries for each of the launch's threads (WALK_RING_BYTES),
+                        // the counts 3 strides, the lists and deferred sources their totals,
+                        // the retry lists a level's cells, and a listed launch reads as many
+                        // targets as the short launches listed.
+                        unsafe { launch.launch(grid(chunk_count as usize)) }
+                    };
                 for chunk_first in (first..first + count).step_by(WALK_CHUNK) {
-                    let chunk_count = WALK_CHUNK.min(first + count - chunk_first);
-                    let (level_first, chunk_first, chunk_count, stride) = (
-                        first as u32,
-                        chunk_first as u32,
-                        chunk_count as u32,
-                        stride as u32,
-                    );
-                    let (m2l_base, p2p_base) = (m2l_total as u32, p2p_total as u32);
-                    let mut launch = stream.launch_builder(&k.walk_level);
-                    launch
-                        .arg(&level_first)
-                        .arg(&chunk_first)
-                        .arg(&chunk_count)
-                        .arg(&write)
-                        .arg(&m.out.buf)
-                        .arg(&m.begin.buf)
-                        .arg(&m.end.buf)
-                        .arg(&m.first_child.buf)
-                        .arg(&m.child_count.buf)
-                        .arg(&m.parent.buf);
-                    launch
-                        .arg(&handed_spans.buf)
-                        .arg(&handed.buf)
-                        .arg(&theta)
-                        .arg(&support)
-                        .arg(&mut w.ring.buf)
-                        .arg(&stride)
-                        .arg(&mut w.counts.buf)
-                        .arg(&mut w.pairs.buf)
-                        .arg(&m2l_base)
-                        .arg(&p2p_base);
-                    launch
-                        .arg(&mut w.m2l_sources.buf)
-                        .arg(&mut w.m2l_spans.buf)
-                        .arg(&mut w.p2p_sources.buf)
-                        .arg(&mut w.p2p_spans.buf)
-                        .arg(&mut next.buf)
-                        .arg(&mut next_spans.buf)
-                        .arg(&mut w.problems.buf);
-                    // SAFETY: the arguments match walk_level's signature; the ring holds
-                    // WALK_QUEUE entries for each of the launch's threads, the counts 3
-                    // strides, and the lists and deferred sources their totals.
-                    unsafe { launch.launch(grid(chunk_count as usize)) }?;
+                    let chunk = (chunk_first, WALK_CHUNK.min(first + count - chunk_first));
+                    walk_launch(false, chunk, retry_1, retry_0, count_0)?;
+                }
+                let again = stream.clone_dtoh(&count_0.buf.slice(0..1))?[0] as usize;
+                for chunk_first in (0..again).step_by(WALK_RETRY_CHUNK) {
+                    let chunk = (chunk_first, WALK_RETRY_CHUNK.min(again - chunk_first));
+                    walk_launch(true, chunk, retry_0, retry_1, count_1)?;
+                }
+                if again > 0 && stream.clone_dtoh(&count_1.buf.slice(0..1))?[0] > 0 {
+                    return Ok(None);
                 }
             }
             m2l_total += level_totals.0;

@@ -23,10 +23,18 @@ pub const OFFSETS_THREADS: u32 = 1024;
 /// Threads of an `ancestor_r2` block (`ANCESTOR_THREADS` in moments.cu): consecutive
 /// particles going up their ancestors together.
 pub const ANCESTOR_THREADS: u32 = 256;
-/// Targets of one `walk_level` launch: each thread of a launch has a ring of `WALK_QUEUE`
-/// opened sources (walk.cu), so this bounds the rings' memory.
-pub const WALK_CHUNK: usize = 16_384;
-/// Entries of a target's ring of opened sources (`WALK_QUEUE` in walk.cu).
+/// Targets of one `walk_level` launch over a level's cells: each thread has a ring of
+/// `WALK_SHORT_QUEUE` opened sources (walk.cu). Enough threads to fill an H200 (132 SMs of
+/// 7 blocks of 128 at the kernel's 70 registers): the walk is latency-bound.
+pub const WALK_CHUNK: usize = 131_072;
+/// Entries of the ring of a target in a launch over a level's cells. A target that needs
+/// more is launched again with `WALK_QUEUE` (1024 was too few for 18 targets of the Milky
+/// Way model's first step at 1e7, of 330000).
+pub const WALK_SHORT_QUEUE: usize = 1024;
+/// Targets of one `walk_level` launch of the targets whose short rings filled up.
+pub const WALK_RETRY_CHUNK: usize = 8192;
+/// Entries of the ring of a target launched again (4096 was too few for 2 targets of the
+/// Milky Way model's fourth step at 1e7); one that needs more is the host's to walk.
 pub const WALK_QUEUE: usize = 16384;
 
 /// Threads of a `sort_scan` block (`SCAN_THREADS` in split.cu).
@@ -46,7 +54,7 @@ const _: () = assert!(1 << RADIX_BITS == RADIX_THREADS);
 const _: () = assert!(BOUNDS_THREADS.is_power_of_two() && OFFSETS_THREADS.is_power_of_two());
 const _: () = assert!(OFFSETS_THREADS <= 1024);
 const _: () = assert!(ANCESTOR_THREADS.is_power_of_two() && SCAN_THREADS.is_power_of_two());
-const _: () = assert!(WALK_QUEUE.is_power_of_two());
+const _: () = assert!(WALK_QUEUE.is_power_of_two() && WALK_SHORT_QUEUE.is_power_of_two());
 
 /// Blocks of a radix-sort pass over `n` records.
 pub fn sort_blocks(n: usize) -> usize {
@@ -93,16 +101,21 @@ pub fn moments_bytes(particles: usize, cells: usize) -> usize {
     4 * particles + (7 * 4 + (1 + 3 + 1 + 5) * 8) * cells + 4 * LEVEL_SLOTS
 }
 
-/// Bytes of device memory the rings of one `walk_level` launch take (1 GiB, whatever the
-/// number of particles).
-pub const WALK_RING_BYTES: usize = 4 * WALK_CHUNK * WALK_QUEUE;
+/// Bytes of device memory the rings of one `walk_level` launch take (512 MiB, whatever the
+/// number of particles): launches run one after another, so they share them.
+pub const WALK_RING_BYTES: usize =
+    4 * max(WALK_CHUNK * WALK_SHORT_QUEUE, WALK_RETRY_CHUNK * WALK_QUEUE);
+
+const fn max(a: usize, b: usize) -> usize {
+    if a > b { a } else { b }
+}
 
 /// Bytes of device memory the walk (`GpuFmm::walk`) keeps per tree of `cells` cells besides
 /// its lists (which replace the evaluation's), the sources handed from level to level and
-/// the rings (`WALK_RING_BYTES`): per cell its P2P pairs, two spans of deferred sources and
-/// three counts.
+/// the rings (`WALK_RING_BYTES`): per cell its P2P pairs, two spans of deferred sources,
+/// three counts and two slots of the lists of targets launched again.
 pub fn walk_bytes(cells: usize) -> usize {
-    (8 + 2 * 8 + 3 * 4) * cells
+    (8 + 2 * 8 + 3 * 4 + 2 * 4) * cells
 }
 
 #[cfg(test)]
@@ -151,7 +164,6 @@ mod tests {
             u64::from(ANCESTOR_THREADS),
             define::<u64>("moments.cu", "ANCESTOR_THREADS")
         );
-        assert_eq!(WALK_QUEUE as u64, define::<u64>("walk.cu", "WALK_QUEUE"));
         assert_eq!(
             u64::from(SCAN_THREADS),
             define::<u64>("split.cu", "SCAN_THREADS")
