@@ -8,7 +8,8 @@
 #   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; GPU_CHECK_DIR=/tmp/gpu-check)
 # Under the `device` tool, $OUT comes back to the caller: the whole output, the runs' logs and
 # their diagnostics.csv are copied there (check.log, big.log, gpu100.log, RUN.csv), the
-# snapshots stay in GPU_CHECK_DIR.
+# snapshots stay in GPU_CHECK_DIR. LEAF_SWEEP (default 256) repeats the resident steps at N2
+# with those leaf sizes.
 # The host still builds the tree and the lists (CPU); the GPU line times the device passes
 # (and gives the P2P kernel's rate in particle pairs per second, target ≥ 1.3e12),
 # the "GPU tree order" lines the device's keys and sort, the "GPU cells" lines its split
@@ -77,6 +78,20 @@ grep "warning:" "$DIR/big.log" | sort | uniq -c | head -5
 f="$DIR/runs/gpu_big/diagnostics.csv"
 [ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
 
+# Larger leaves trade M2L pairs for P2P pairs, which the GPU does cheaply per flop; the
+# default leaf size (128) is the CPU's choice.
+for leaf in ${LEAF_SWEEP:-256}; do
+    echo "== N = $N2: the same 3 steps with leaf_size = $leaf"
+    sed -e "s/name = \"gpu_big\"/name = \"gpu_big_leaf$leaf\"/" \
+        -e "s/^softening = 0.05$/softening = 0.05\nleaf_size = $leaf/" "$DIR/big.toml" \
+        > "$DIR/big_leaf$leaf.toml"
+    timeout 200 "$BIN" run "$DIR/big_leaf$leaf.toml" --backend cuda > "$DIR/big_leaf$leaf.log" 2>&1
+    echo "exit status $?"
+    grep "warning:" "$DIR/big_leaf$leaf.log" | sort | uniq -c | head -5
+    f="$DIR/runs/gpu_big_leaf$leaf/diagnostics.csv"
+    [ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
+done
+
 echo "== ~100-step run, N = 100000: backend cuda (resident state), then cpu (diagnostics: first columns, last row)"
 cat > "$DIR/run.toml" <<EOF
 name = "gpu100"
@@ -101,8 +116,8 @@ for r in gpu100 cpu100; do
     [ -f "$f" ] && { echo "-- $r"; head -1 "$f" | cut -c1-240; tail -1 "$f" | cut -c1-240; }
 done
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    cp "$DIR/big.log" "$DIR/gpu100.log" "$OUT/" 2>/dev/null
-    for r in gpu_big gpu100 cpu100; do
+    cp "$DIR/big.log" "$DIR/gpu100.log" "$DIR"/big_leaf*.log "$OUT/" 2>/dev/null
+    for r in gpu_big gpu100 cpu100 $(for leaf in ${LEAF_SWEEP:-256}; do echo "gpu_big_leaf$leaf"; done); do
         cp "$DIR/runs/$r/diagnostics.csv" "$OUT/$r.csv" 2>/dev/null
     done
 fi
