@@ -389,6 +389,43 @@ __device__ __forceinline__ void regular_column(int p, int m, double x, double y,
     }
 }
 
+// Zeroes the sums of the outputs a thread of a translation block owns.
+__device__ __forceinline__ void zero_outputs(double* sum_r, double* sum_i) {
+#pragma unroll
+    for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
+        sum_r[r] = 0.0;
+        sum_i[r] = 0.0;
+    }
+}
+
+// Writes the sums of the outputs this thread owns, c = thread + r TRANSLATE_THREADS < len / 2,
+// into `out` (an expansion of `len` values).
+__device__ __forceinline__ void write_outputs(const double* sum_r, const double* sum_i, int len,
+                                              double* __restrict__ out) {
+#pragma unroll
+    for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
+        const int c = (int)threadIdx.x + r * TRANSLATE_THREADS;
+        if (c < len / 2) {
+            out[2 * c] = sum_r[r];
+            out[2 * c + 1] = sum_i[r];
+        }
+    }
+}
+
+// A translation staged in shared memory by the block's threads: `expansion` (order p) into
+// e_full and the regular harmonics of the shift centre[at] - centre[origin] into r_full.
+__device__ __forceinline__ void stage_shift(int p, const double* __restrict__ expansion,
+                                            const double* __restrict__ centre, unsigned at,
+                                            unsigned origin, double2* e_full, double2* r_full) {
+    unpack_full(p, expansion, e_full);
+    const int m = (int)threadIdx.x;
+    if (m <= p) {
+        regular_column(p, m, centre[3 * at] - centre[3 * origin],
+                       centre[3 * at + 1] - centre[3 * origin + 1],
+                       centre[3 * at + 2] - centre[3 * origin + 2], true, r_full);
+    }
+}
+
 // The (n, m) of output c = cidx(n, m).
 __device__ __forceinline__ void output_of(int c, int* n, int* m) {
     int k = 0;
@@ -415,19 +452,10 @@ extern "C" __global__ void m2m_cells(
     const int len = (p + 1) * (p + 2);
     const unsigned cell = parents[k];
     double sum_r[TRANSLATE_ROUNDS], sum_i[TRANSLATE_ROUNDS];
-#pragma unroll
-    for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
-        sum_r[r] = 0.0;
-        sum_i[r] = 0.0;
-    }
+    zero_outputs(sum_r, sum_i);
     for (unsigned ch = first_child[cell]; ch < first_child[cell] + child_count[cell]; ++ch) {
         __syncthreads();
-        unpack_full(p, multipoles + (size_t)ch * len, m_full);
-        if (lane <= p) {
-            regular_column(p, lane, centre[3 * ch] - centre[3 * cell],
-                           centre[3 * ch + 1] - centre[3 * cell + 1],
-                           centre[3 * ch + 2] - centre[3 * cell + 2], true, r_full);
-        }
+        stage_shift(p, multipoles + (size_t)ch * len, centre, ch, cell, m_full, r_full);
         __syncthreads();
 #pragma unroll
         for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
@@ -453,15 +481,7 @@ extern "C" __global__ void m2m_cells(
             sum_i[r] += im;
         }
     }
-    double* out = multipoles + (size_t)cell * len;
-#pragma unroll
-    for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
-        const int c = lane + r * TRANSLATE_THREADS;
-        if (c < len / 2) {
-            out[2 * c] = sum_r[r];
-            out[2 * c + 1] = sum_i[r];
-        }
-    }
+    write_outputs(sum_r, sum_i, len, multipoles + (size_t)cell * len);
 }
 
 // L2L for one level: each of `count` cells (`cells`) adds its parent's local expansion
@@ -481,12 +501,7 @@ extern "C" __global__ void l2l_cells(
     const int len = (p + 1) * (p + 2);
     const unsigned cell = cells[k];
     const unsigned up = parent[cell];
-    unpack_full(p, locals + (size_t)up * len, l_full);
-    if (lane <= p) {
-        regular_column(p, lane, centre[3 * cell] - centre[3 * up],
-                       centre[3 * cell + 1] - centre[3 * up + 1],
-                       centre[3 * cell + 2] - centre[3 * up + 2], true, r_full);
-    }
+    stage_shift(p, locals + (size_t)up * len, centre, cell, up, l_full, r_full);
     __syncthreads();
     double* out = locals + (size_t)cell * len;
     for (int c = lane; c < len / 2; c += TRANSLATE_THREADS) {
@@ -537,11 +552,7 @@ extern "C" __global__ void p2m_leaves(
     const double cx = centre[3 * leaf], cy = centre[3 * leaf + 1], cz = centre[3 * leaf + 2];
     const unsigned begin = cell_begin[leaf], end = cell_end[leaf];
     double sum_r[TRANSLATE_ROUNDS], sum_i[TRANSLATE_ROUNDS];
-#pragma unroll
-    for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
-        sum_r[r] = 0.0;
-        sum_i[r] = 0.0;
-    }
+    zero_outputs(sum_r, sum_i);
     for (unsigned base = begin; base < end; base += P2M_BATCH) {
         const int batch = (int)min((unsigned)P2M_BATCH, end - base);
         __syncthreads();
@@ -566,13 +577,5 @@ extern "C" __global__ void p2m_leaves(
             }
         }
     }
-    double* out = multipoles + (size_t)leaf * len;
-#pragma unroll
-    for (int r = 0; r < TRANSLATE_ROUNDS; ++r) {
-        const int c = lane + r * TRANSLATE_THREADS;
-        if (c < len / 2) {
-            out[2 * c] = sum_r[r];
-            out[2 * c + 1] = sum_i[r];
-        }
-    }
+    write_outputs(sum_r, sum_i, len, multipoles + (size_t)leaf * len);
 }

@@ -52,92 +52,79 @@ __device__ __forceinline__ void add_tile(const float4* tile, unsigned n, const f
     }
 }
 
-// One round of a leaf's targets: thread x owns targets round + x + t width, t < T (those
-// past t_end are computed at the centre and not written).
+// A leaf's targets in rounds of T width: in a round thread x owns targets round + x + t
+// width, t < T (those past t_end are computed at the centre and not written). Every thread
+// takes part in every round and every tile load, active or not.
 template <int KERNEL, int T>
-__device__ __forceinline__ void p2p_round(
-    const double* __restrict__ pos, const double* __restrict__ mass,
-    const unsigned* __restrict__ leaf_begin, const unsigned* __restrict__ leaf_end,
-    const unsigned* __restrict__ sources, unsigned first, unsigned last, double cx, double cy,
-    double cz, unsigned round, unsigned t_end, float eps2, float h, double g,
-    float4* tile, double* __restrict__ acc, double* __restrict__ pot)
-{
-    const unsigned width = blockDim.x;
-    float xi[T], yi[T], zi[T];
-    double ax[T], ay[T], az[T], ph[T];
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-        const unsigned i = round + threadIdx.x + t * width;
-        xi[t] = 0.0f;
-        yi[t] = 0.0f;
-        zi[t] = 0.0f;
-        if (i < t_end) {
-            xi[t] = (float)(pos[3 * i] - cx);
-            yi[t] = (float)(pos[3 * i + 1] - cy);
-            zi[t] = (float)(pos[3 * i + 2] - cz);
-        }
-        ax[t] = 0.0;
-        ay[t] = 0.0;
-        az[t] = 0.0;
-        ph[t] = 0.0;
-    }
-    for (unsigned s = first; s < last; ++s) {
-        const unsigned src = sources[s];
-        const unsigned s_begin = leaf_begin[src];
-        const unsigned s_end = leaf_end[src];
-        for (unsigned base = s_begin; base < s_end; base += width) {
-            const unsigned j = base + threadIdx.x;
-            __syncthreads();
-            if (j < s_end) {
-                tile[threadIdx.x] = make_float4((float)(pos[3 * j] - cx),
-                                                (float)(pos[3 * j + 1] - cy),
-                                                (float)(pos[3 * j + 2] - cz), (float)mass[j]);
-            }
-            __syncthreads();
-            const unsigned n = min(width, s_end - base);
-            float sx[T], sy[T], sz[T], sp[T];
-#pragma unroll
-            for (int t = 0; t < T; ++t) {
-                sx[t] = 0.0f;
-                sy[t] = 0.0f;
-                sz[t] = 0.0f;
-                sp[t] = 0.0f;
-            }
-            add_tile<KERNEL, T>(tile, n, xi, yi, zi, eps2, h, sx, sy, sz, sp);
-#pragma unroll
-            for (int t = 0; t < T; ++t) {
-                ax[t] += sx[t];
-                ay[t] += sy[t];
-                az[t] += sz[t];
-                ph[t] += sp[t];
-            }
-        }
-    }
-#pragma unroll
-    for (int t = 0; t < T; ++t) {
-        const unsigned i = round + threadIdx.x + t * width;
-        if (i < t_end) {
-            acc[3 * i] += g * ax[t];
-            acc[3 * i + 1] += g * ay[t];
-            acc[3 * i + 2] += g * az[t];
-            pot[i] -= g * ph[t];
-        }
-    }
-}
-
-// A leaf's targets in rounds of T per thread.
-template <int KERNEL, int T>
-__device__ __forceinline__ void p2p_leaf(
+__device__ __forceinline__ void p2p_targets(
     const double* __restrict__ pos, const double* __restrict__ mass,
     const unsigned* __restrict__ leaf_begin, const unsigned* __restrict__ leaf_end,
     const unsigned* __restrict__ sources, unsigned first, unsigned last, double cx, double cy,
     double cz, unsigned t_begin, unsigned t_end, float eps2, float h, double g,
     float4* tile, double* __restrict__ acc, double* __restrict__ pot)
 {
-    // Every thread takes part in every round (and every tile load), active or not.
-    for (unsigned round = t_begin; round < t_end; round += T * blockDim.x) {
-        p2p_round<KERNEL, T>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
-                             cz, round, t_end, eps2, h, g, tile, acc, pot);
+    const unsigned width = blockDim.x;
+    for (unsigned round = t_begin; round < t_end; round += T * width) {
+        float xi[T], yi[T], zi[T];
+        double ax[T], ay[T], az[T], ph[T];
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            const unsigned i = round + threadIdx.x + t * width;
+            xi[t] = 0.0f;
+            yi[t] = 0.0f;
+            zi[t] = 0.0f;
+            if (i < t_end) {
+                xi[t] = (float)(pos[3 * i] - cx);
+                yi[t] = (float)(pos[3 * i + 1] - cy);
+                zi[t] = (float)(pos[3 * i + 2] - cz);
+            }
+            ax[t] = 0.0;
+            ay[t] = 0.0;
+            az[t] = 0.0;
+            ph[t] = 0.0;
+        }
+        for (unsigned s = first; s < last; ++s) {
+            const unsigned src = sources[s];
+            const unsigned s_begin = leaf_begin[src];
+            const unsigned s_end = leaf_end[src];
+            for (unsigned base = s_begin; base < s_end; base += width) {
+                const unsigned j = base + threadIdx.x;
+                __syncthreads();
+                if (j < s_end) {
+                    tile[threadIdx.x] = make_float4((float)(pos[3 * j] - cx),
+                                                    (float)(pos[3 * j + 1] - cy),
+                                                    (float)(pos[3 * j + 2] - cz), (float)mass[j]);
+                }
+                __syncthreads();
+                const unsigned n = min(width, s_end - base);
+                float sx[T], sy[T], sz[T], sp[T];
+#pragma unroll
+                for (int t = 0; t < T; ++t) {
+                    sx[t] = 0.0f;
+                    sy[t] = 0.0f;
+                    sz[t] = 0.0f;
+                    sp[t] = 0.0f;
+                }
+                add_tile<KERNEL, T>(tile, n, xi, yi, zi, eps2, h, sx, sy, sz, sp);
+#pragma unroll
+                for (int t = 0; t < T; ++t) {
+                    ax[t] += sx[t];
+                    ay[t] += sy[t];
+                    az[t] += sz[t];
+                    ph[t] += sp[t];
+                }
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            const unsigned i = round + threadIdx.x + t * width;
+            if (i < t_end) {
+                acc[3 * i] += g * ax[t];
+                acc[3 * i + 1] += g * ay[t];
+                acc[3 * i + 2] += g * az[t];
+                pot[i] -= g * ph[t];
+            }
+        }
     }
 }
 
@@ -153,18 +140,18 @@ __device__ __forceinline__ void p2p_sized(
 {
     const unsigned targets = t_end - t_begin, width = blockDim.x;
     if (targets <= width) {
-        p2p_leaf<KERNEL, 1>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy, cz,
-                            t_begin, t_end, eps2, h, g, tile, acc, pot);
+        p2p_targets<KERNEL, 1>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
+                               cz, t_begin, t_end, eps2, h, g, tile, acc, pot);
     } else if (targets <= 2 * width) {
-        p2p_leaf<KERNEL, 2>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy, cz,
-                            t_begin, t_end, eps2, h, g, tile, acc, pot);
+        p2p_targets<KERNEL, 2>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
+                               cz, t_begin, t_end, eps2, h, g, tile, acc, pot);
     } else if (targets <= 3 * width) {
-        p2p_leaf<KERNEL, 3>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy, cz,
-                            t_begin, t_end, eps2, h, g, tile, acc, pot);
+        p2p_targets<KERNEL, 3>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
+                               cz, t_begin, t_end, eps2, h, g, tile, acc, pot);
     } else {
-        p2p_leaf<KERNEL, P2P_MAX_TARGETS>(pos, mass, leaf_begin, leaf_end, sources, first,
-                                          last, cx, cy, cz, t_begin, t_end, eps2, h, g, tile,
-                                          acc, pot);
+        p2p_targets<KERNEL, P2P_MAX_TARGETS>(pos, mass, leaf_begin, leaf_end, sources, first,
+                                             last, cx, cy, cz, t_begin, t_end, eps2, h, g,
+                                             tile, acc, pot);
     }
 }
 
