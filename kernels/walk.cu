@@ -15,13 +15,14 @@
 // is latency-bound). A target whose ring fills up stops, writes no counts or spans, and
 // puts itself on the `retry` list (an integer atomic append; each target's results go to
 // its own slots, so the list's order does not matter); the host then launches the listed
-// targets again with long rings, and one that fills even those is the host's to walk. (The Milky Way
-// model at 1e7, default settings, needs more than 1024 entries for 18 targets of its first
-// step and more than 4096 for 2 of its fourth: a large leaf next to the dense bulge opens its
-// sources down to many small leaves. 16384 is enough there.) Whatever else the host's walk
-// would have had to handle (a list out of increasing order, a leaf that defers sources) is
-// counted in `problems` too: the host then walks itself. A target stopped in a writing pass
-// has written a prefix of its lists, which its second launch writes again in full.
+// targets again with long rings, and one that fills even those is the host's to walk. (The
+// Milky Way model at 1e7, default settings, needs more than 1024 entries for 18 targets of
+// its first step and more than 4096 for 2 of its fourth: a large leaf next to the dense bulge
+// opens its sources down to many small leaves. 16384 is enough there.) Whatever else the
+// host's walk would have had to handle (a list out of increasing order, a leaf that defers
+// sources) is counted in `problems` too: the host then walks itself. A target stopped in a
+// writing pass has written a prefix of its lists, which its second launch writes again in
+// full.
 
 // Relative band around the MAC's thresholds inside which the square root decides
 // (traversal.rs: MAC_BAND).
@@ -83,7 +84,7 @@ struct WalkList {
 };
 
 // The targets chunk_first .. chunk_first + chunk_count of the level whose cells start at
-// level_first, or with `which` the targets which[chunk_first .. chunk_first + chunk_count].
+// level_first, or with `listed` the targets which[chunk_first .. chunk_first + chunk_count].
 // Sources handed to target t: `handed[start .. start + len]` with (start, len) =
 // unpack(deferred_span[parent[t]]) (the root: itself). counts[i stride + k], k = t -
 // level_first: how many M2L sources (i = 0), P2P sources (1) and deferred sources (2) t has
@@ -92,8 +93,7 @@ struct WalkList {
 // list), t's lists go to m2l_out[m2l_base + offset ..], p2p_out[p2p_base + offset ..] and
 // deferred_out[offset ..], with their spans. `ring` holds `queue` entries (a power of two)
 // per thread of the launch; a target whose ring fills up is appended to `retry`
-// (`retry_count` counts them). With `listed`, the launch's targets are
-// which[chunk_first ..] instead.
+// (`retry_count` counts them).
 extern "C" __global__ void walk_level(
     unsigned level_first, unsigned chunk_first, unsigned chunk_count, int listed,
     const unsigned* __restrict__ which, int write,
