@@ -16,12 +16,11 @@ use std::process::Command;
 /// a new one.
 fn harness() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT.get_or_init(|| build_harness("plain", &[])).clone()
+    BUILT.get_or_init(build_harness).clone()
 }
 
-/// Builds the harness `variant` with `defines` added to the compiler flags (or finds it
-/// built), removing that variant's builds for sources that are gone.
-fn build_harness(variant: &str, defines: &[&str]) -> PathBuf {
+/// Builds the harness (or finds it built), removing its builds for sources that are gone.
+fn build_harness() -> PathBuf {
     use sha2::{Digest, Sha256};
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut sources: Vec<PathBuf> = ["kernels", "kernels/emulation"]
@@ -32,7 +31,7 @@ fn build_harness(variant: &str, defines: &[&str]) -> PathBuf {
         .collect();
     sources.sort();
     // `#pragma unroll` is nvcc's; the emulation runs the loops as written.
-    let mut flags = vec![
+    let flags = [
         "-std=c++20",
         "-O2",
         "-pthread",
@@ -40,7 +39,6 @@ fn build_harness(variant: &str, defines: &[&str]) -> PathBuf {
         "-Werror",
         "-Wno-unknown-pragmas",
     ];
-    flags.extend_from_slice(defines);
     let mut h = Sha256::new();
     h.update(flags.join(" "));
     for p in &sources {
@@ -52,7 +50,7 @@ fn build_harness(variant: &str, defines: &[&str]) -> PathBuf {
         .map(|b| format!("{b:02x}"))
         .collect();
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let prefix = format!("emulation-harness-{variant}-");
+    let prefix = "emulation-harness-";
     let exe = dir.join(format!("{prefix}{hex}"));
     if exe.exists() {
         return exe;
@@ -61,7 +59,7 @@ fn build_harness(variant: &str, defines: &[&str]) -> PathBuf {
     // building the same harness at the same time.
     let building = dir.join(format!("{prefix}{hex}.{}", std::process::id()));
     let out = Command::new("c++")
-        .args(&flags)
+        .args(flags)
         .arg("-I")
         .arg(root.join("kernels"))
         .arg(root.join("kernels/emulation/harness.cpp"))
@@ -77,7 +75,7 @@ fn build_harness(variant: &str, defines: &[&str]) -> PathBuf {
     std::fs::rename(&building, &exe).unwrap();
     for old in std::fs::read_dir(dir).unwrap().flatten() {
         let name = old.file_name().to_string_lossy().into_owned();
-        if name.starts_with(&prefix) && !name.contains('.') && old.path() != exe {
+        if name.starts_with(prefix) && !name.contains('.') && old.path() != exe {
             let _ = std::fs::remove_file(old.path());
         }
     }
