@@ -28,7 +28,7 @@ pub const THREADS_PER_BLOCK: u32 = 128;
 /// up to 4 targets).
 pub const P2P_THREADS: u32 = 32;
 
-/// Threads of an M2M or L2L block, one block per cell (`TRANSLATE_THREADS` in
+/// Threads of a P2M, M2M or L2L block, one block per cell (`TRANSLATE_THREADS` in
 /// expansions.cu).
 pub const TRANSLATE_THREADS: u32 = 32;
 
