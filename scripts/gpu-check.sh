@@ -9,7 +9,7 @@
 # Under the `device` tool, $OUT comes back to the caller: the whole output, the runs' logs and
 # their diagnostics.csv are copied there (check.log, big.log, gpu100.log, RUN.csv), the
 # snapshots stay in GPU_CHECK_DIR. LEAF_SWEEP (default 256) repeats the resident steps at N2
-# with those leaf sizes.
+# with those leaf sizes, and they run once more with the direct-form M2L kernel.
 # The host still builds the tree and the lists (CPU); the GPU line times the device passes
 # (and gives the P2P kernel's rate in particle pairs per second, target ≥ 1.3e12),
 # the "GPU tree order" lines the device's keys and sort, the "GPU cells" lines its split
@@ -92,6 +92,16 @@ for leaf in ${LEAF_SWEEP:-256}; do
     [ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
 done
 
+# M2L takes the rotation-based kernel (m2l_rotated.cu) up to order 8 unless told to take the
+# direct form: the same steps with each, to keep the faster.
+echo "== N = $N2: the same 3 steps with the direct-form M2L (LEAPFMM_GPU_M2L=direct)"
+sed -e 's/name = "gpu_big"/name = "gpu_big_direct"/' "$DIR/big.toml" > "$DIR/big_direct.toml"
+LEAPFMM_GPU_M2L=direct timeout 200 "$BIN" run "$DIR/big_direct.toml" --backend cuda \
+    > "$DIR/big_direct.log" 2>&1
+echo "exit status $?"
+f="$DIR/runs/gpu_big_direct/diagnostics.csv"
+[ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
+
 echo "== ~100-step run, N = 100000: backend cuda (resident state), then cpu (diagnostics: first columns, last row)"
 cat > "$DIR/run.toml" <<EOF
 name = "gpu100"
@@ -116,8 +126,8 @@ for r in gpu100 cpu100; do
     [ -f "$f" ] && { echo "-- $r"; head -1 "$f" | cut -c1-240; tail -1 "$f" | cut -c1-240; }
 done
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    cp "$DIR/big.log" "$DIR/gpu100.log" "$DIR"/big_leaf*.log "$OUT/" 2>/dev/null
-    for r in gpu_big gpu100 cpu100 $(for leaf in ${LEAF_SWEEP:-256}; do echo "gpu_big_leaf$leaf"; done); do
+    cp "$DIR/big.log" "$DIR/big_direct.log" "$DIR/gpu100.log" "$DIR"/big_leaf*.log "$OUT/" 2>/dev/null
+    for r in gpu_big gpu_big_direct gpu100 cpu100 $(for leaf in ${LEAF_SWEEP:-256}; do echo "gpu_big_leaf$leaf"; done); do
         cp "$DIR/runs/$r/diagnostics.csv" "$OUT/$r.csv" 2>/dev/null
     done
 fi

@@ -1300,46 +1300,89 @@ fn m2m_and_l2l_match_at_order(p: usize) {
 
 #[test]
 fn m2l_kernel_matches_the_cpu_translation() {
-    // Orders 1 to 12: a warp's share of the (k, l, n) pieces from one each to fifteen.
+    // The direct form at orders 1 to 12 (a warp's share of the (k, l, n) pieces from one
+    // each to fifteen), the rotated one at every order it takes. 41 sources: the rotated
+    // kernel takes a warp's width of them, then 9.
     for p in [1usize, 2, 4, 7, 12] {
-        m2l_kernel_matches_at_order(p);
+        m2l_kernel_matches_at_order(p, true);
+    }
+    for p in 1..=leapfmm::gpu::memory::M2L_ROTATED_ORDER {
+        m2l_kernel_matches_at_order(p, false);
     }
 }
 
-fn m2l_kernel_matches_at_order(p: usize) {
+#[test]
+fn rotations_header_is_the_cpu_swap_matrices() {
+    use leapfmm::fmm::expansion::Operators;
+    let want = Operators::new(leapfmm::gpu::memory::M2L_ROTATED_ORDER).rotation_source();
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/rotations.cuh");
+    if std::env::var_os("LEAPFMM_BLESS").is_some() {
+        std::fs::write(&path, &want).unwrap();
+    }
+    let have = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        have == want,
+        "kernels/rotations.cuh is not the CPU's swap matrices; regenerate it with \
+         LEAPFMM_BLESS=1 cargo test --release --test gpu_kernels rotations"
+    );
+}
+
+/// The M2L kernel (`direct`: the direct form; otherwise the one the device takes at order
+/// `p`) against the CPU's rotated translation: cell 0 is the target, cells 1 to 41 sources 3
+/// to 6 units away in all directions, two of them straight above and below.
+fn m2l_kernel_matches_at_order(p: usize, direct: bool) {
     use leapfmm::fmm::expansion::{M2L_LANES, Operators, real_len};
     let len = real_len(p);
-    // Cell 0 is the target; cells 1-5 are sources 3-6 units away in all directions.
-    let centres: [[f64; 3]; 6] = [
-        [0.5, -0.2, 0.1],
-        [3.6, 0.3, -0.4],
-        [-2.9, 1.7, 0.8],
-        [0.4, -4.1, 2.2],
-        [1.1, 2.0, -5.3],
-        [-3.3, -3.0, -1.0],
-    ];
-    let m = random_expansions(6, p, 9);
+    let sources = 41;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(17);
+    let target = [0.5, -0.2, 0.1];
+    let mut centres = vec![target];
+    for s in 0..sources {
+        let offset: [f64; 3] = match s {
+            3 => [0.0, 0.0, 4.0],
+            8 => [0.0, 0.0, -5.0],
+            _ => loop {
+                let d: [f64; 3] = std::array::from_fn(|_| rng.random_range(-1.0..1.0));
+                let r = d.iter().map(|v| v * v).sum::<f64>().sqrt();
+                if r > 0.1 && r <= 1.0 {
+                    let at = rng.random_range(3.0..6.0) / r;
+                    break d.map(|v| v * at);
+                }
+            },
+        };
+        centres.push(std::array::from_fn(|k| target[k] + offset[k]));
+    }
+    let cells = centres.len();
+    let m = random_expansions(cells, p, 9);
     let mut b = Vec::new();
     // The target's span starts past two entries of other cells' lists.
-    u32_bytes(&mut b, &[6, 1, 7, p as u32]);
+    u32_bytes(
+        &mut b,
+        &[cells as u32, 1, sources as u32 + 2, p as u32, direct as u32],
+    );
     f64_bytes(&mut b, centres.iter().flatten().copied());
     u32_bytes(&mut b, &[0]);
-    let spans = [pack(2, 5), pack(0, 2), 0, 0, 0, 0];
+    let mut spans = vec![0u64; cells];
+    (spans[0], spans[1]) = (pack(2, sources as u32), pack(0, 2));
     spans.iter().for_each(|x| b.extend(x.to_le_bytes()));
-    u32_bytes(&mut b, &[4, 5, 1, 2, 3, 4, 5]);
+    let list: Vec<u32> = [4, 5].into_iter().chain(1..=sources as u32).collect();
+    u32_bytes(&mut b, &list);
     f64_bytes(&mut b, m.iter().copied());
     let out = f64s(&run_harness("m2l", &b));
     let ops = Operators::new(p);
     let zero = vec![0.0; len];
-    let mut r = [[0.0, 0.0, 1.0]; M2L_LANES];
-    let mut sources: [&[f64]; M2L_LANES] = [&zero; M2L_LANES];
-    for s in 1..6 {
-        r[s - 1] = std::array::from_fn(|k| centres[0][k] - centres[s][k]);
-        sources[s - 1] = &m[s * len..(s + 1) * len];
-    }
     let mut want = vec![0.0; len];
-    ops.m2l_batch(&r, &sources, &mut want);
-    // Per degree: the rotation-based CPU form and the direct sum differ by rounding only.
+    let ids: Vec<usize> = (1..=sources).collect();
+    for batch in ids.chunks(M2L_LANES) {
+        let mut r = [[0.0, 0.0, 1.0]; M2L_LANES];
+        let mut lanes: [&[f64]; M2L_LANES] = [&zero; M2L_LANES];
+        for (w, &s) in batch.iter().enumerate() {
+            r[w] = std::array::from_fn(|k| centres[0][k] - centres[s][k]);
+            lanes[w] = &m[s * len..(s + 1) * len];
+        }
+        ops.m2l_batch(&r, &lanes, &mut want);
+    }
+    // Per degree: the two forms, and the sums' orders, differ by rounding only.
     for k in 0..=p {
         let range = k * (k + 1)..(k + 1) * (k + 2);
         let scale = want[range.clone()]
@@ -1348,7 +1391,7 @@ fn m2l_kernel_matches_at_order(p: usize) {
         for c in range {
             assert!(
                 (out[c] - want[c]).abs() <= 1e-11 * scale,
-                "p = {p}, degree {k} value {c}: {} vs {}",
+                "p = {p} (direct: {direct}), degree {k} value {c}: {} vs {}",
                 out[c],
                 want[c]
             );

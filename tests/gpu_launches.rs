@@ -24,11 +24,19 @@ fn kernel_signatures(root: &Path) -> HashMap<String, Vec<Param>> {
         if path.extension().and_then(|e| e.to_str()) != Some("cu") {
             continue;
         }
-        // Without comments (some parameters carry one, with commas and parentheses).
+        // Without comments (some parameters carry one, with commas and parentheses) or the
+        // line continuations of a macro.
         let text: String = std::fs::read_to_string(&path)
             .unwrap()
             .lines()
-            .map(|l| l.split("//").next().unwrap().to_string() + "\n")
+            .map(|l| {
+                l.split("//")
+                    .next()
+                    .unwrap()
+                    .trim_end_matches('\\')
+                    .to_string()
+                    + "\n"
+            })
             .collect();
         let mut rest = text.as_str();
         while let Some(at) = rest.find("extern \"C\" __global__ void ") {
@@ -183,6 +191,16 @@ fn every_launch_matches_its_kernels_signature() {
         }
     }
     assert!(functions.len() >= 20, "{} kernels found", functions.len());
+    // The rotated M2L kernels (m2l_rotated.cu defines one per order with a macro) are
+    // launched where m2l_cells is, with its arguments.
+    let rotated = kernels
+        .get("m2l_rotated_##P")
+        .expect("m2l_rotated.cu's kernel macro");
+    assert_eq!(
+        Some(rotated),
+        kernels.get("m2l_cells"),
+        "m2l_rotated_P and m2l_cells take the same arguments"
+    );
 
     // Buffer fields and their element types (`name: Reused<T>`, `CudaSlice<T>`, arrays of
     // two); a name declared with two types is not checked.

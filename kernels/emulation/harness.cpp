@@ -24,7 +24,8 @@
 //   harness bounds IN OUT     IN: n, blocks, block, pos, mass; OUT: the blocks' extremes (7 each)
 //   harness sort IN OUT       IN: n, block, cube corner, scale, pos; OUT: the Morton keys, then
 //                             the keys and particle indices after the radix sort's 8 passes
-//   harness m2l IN OUT        IN: cells, targets, list length, p, centres, targets,
+//   harness m2l IN OUT        IN: cells, targets, list length, p, direct (1: the direct
+//                             form, 0: the kernel the device takes), centres, targets,
 //                             spans (per cell), list, multipoles; OUT: locals (zero before)
 //   harness moments IN OUT    IN: n, cells, levels, leaves, block, pos, mass (tree order),
 //                             begin, end, first_child, child_count, parent (per cell),
@@ -45,6 +46,7 @@
 #include "../p2p.cu"
 #include "../integrate.cu"
 #include "../expansions.cu"
+#include "../m2l_rotated.cu"
 #include "../keys.cu"
 #include "../moments.cu"
 #include "../walk.cu"
@@ -56,6 +58,22 @@
 #include <string>
 
 namespace {
+
+// The M2L launch the device makes for order p (src/gpu/device.rs: run_passes): the
+// rotation-based kernel up to its largest order, unless `direct` asks for the direct form.
+template <class... A>
+void launch_m2l(unsigned count, int p, bool direct, A... args) {
+    static_assert(M2L_ROTATED_ORDER == 8, "a rotated kernel per order");
+    void (*rotated[])(const unsigned*, unsigned, const unsigned long long*, const unsigned*,
+                      const double*, const double*, int, double*) = {
+        m2l_rotated_1, m2l_rotated_2, m2l_rotated_3, m2l_rotated_4,
+        m2l_rotated_5, m2l_rotated_6, m2l_rotated_7, m2l_rotated_8};
+    if (!direct && p <= M2L_ROTATED_ORDER) {
+        launch(count, M2L_ROTATED_THREADS, rotated[p - 1], args...);
+    } else {
+        launch(count, M2L_THREADS, p <= M2L_SMALL_ORDER ? m2l_cells_p8 : m2l_cells, args...);
+    }
+}
 
 struct Reader {
     std::vector<char> bytes;
@@ -266,7 +284,7 @@ int main(int argc, char** argv) {
         put(out, index);
     } else if (mode == "m2l") {
         auto cells = in.one<uint32_t>(), count = in.one<uint32_t>(), n_list = in.one<uint32_t>();
-        auto p = in.one<uint32_t>();
+        auto p = in.one<uint32_t>(), direct = in.one<uint32_t>();
         auto centre = in.many<double>(3 * cells);
         auto which = in.many<uint32_t>(count);
         auto spans = in.many<uint64_t>(cells);
@@ -274,9 +292,9 @@ int main(int argc, char** argv) {
         size_t len = (size_t)(p + 1) * (p + 2);
         auto m = in.many<double>(cells * len);
         std::vector<double> l(cells * len, 0.0);
-        launch(count, M2L_THREADS, (int)p <= M2L_SMALL_ORDER ? m2l_cells_p8 : m2l_cells, (const unsigned*)which.data(),
-               (unsigned)count, (const unsigned long long*)spans.data(), (const unsigned*)list.data(),
-               (const double*)centre.data(), (const double*)m.data(), (int)p, l.data());
+        launch_m2l(count, (int)p, direct != 0, (const unsigned*)which.data(), (unsigned)count,
+                   (const unsigned long long*)spans.data(), (const unsigned*)list.data(),
+                   (const double*)centre.data(), (const double*)m.data(), (int)p, l.data());
         put(out, l);
     } else if (mode == "fmm" || mode == "upward") {
         auto n = in.one<uint32_t>(), cells = in.one<uint32_t>(), levels = in.one<uint32_t>();
@@ -333,10 +351,10 @@ int main(int argc, char** argv) {
         }
         std::vector<unsigned> all(cells);
         for (unsigned c = 0; c < cells; ++c) all[c] = c;
-        launch(own_cells, M2L_THREADS, (int)p <= M2L_SMALL_ORDER ? m2l_cells_p8 : m2l_cells, (const unsigned*)all.data(), (unsigned)own_cells,
-               (const unsigned long long*)m2l_spans.data(), (const unsigned*)m2l_list.data(),
-               (const double*)centre.data(), (const double*)multipoles.data(), (int)p,
-               locals.data());
+        launch_m2l(own_cells, (int)p, false, (const unsigned*)all.data(), (unsigned)own_cells,
+                   (const unsigned long long*)m2l_spans.data(), (const unsigned*)m2l_list.data(),
+                   (const double*)centre.data(), (const double*)multipoles.data(), (int)p,
+                   locals.data());
         // Downward: every level below the root, top first.
         for (unsigned l = 1; l + 1 < levels; ++l) {
             unsigned count = level_start[l + 1] - level_start[l];

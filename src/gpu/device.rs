@@ -21,8 +21,8 @@
 //! the NCCL link needs a machine with a GPU per rank and has not run yet).
 
 use super::memory::{
-    DeviceLengths, M2L_SMALL_ORDER, M2L_THREADS, P2P_THREADS, THREADS_PER_BLOCK, TRANSLATE_THREADS,
-    resident_f64_counts,
+    DeviceLengths, M2L_ROTATED_ORDER, M2L_ROTATED_THREADS, M2L_SMALL_ORDER, M2L_THREADS,
+    P2P_THREADS, THREADS_PER_BLOCK, TRANSLATE_THREADS, resident_f64_counts,
 };
 use super::nccl::NcclLink;
 use super::nvrtc::{KernelError, compile_all};
@@ -173,6 +173,11 @@ struct Kernels {
     m2l: CudaFunction,
     /// M2L for orders up to `M2L_SMALL_ORDER`, with more blocks per SM.
     m2l_small: CudaFunction,
+    /// The rotation-based M2L, one kernel per order 1..=`M2L_ROTATED_ORDER` (index p - 1).
+    m2l_rotated: Vec<CudaFunction>,
+    /// Whether M2L takes the direct form at every order (`LEAPFMM_GPU_M2L=direct`, for
+    /// comparing the two on a device).
+    m2l_direct: bool,
     l2l: CudaFunction,
     l2p: CudaFunction,
     p2p: CudaFunction,
@@ -658,6 +663,10 @@ impl GpuFmm {
             m2m: function("expansions.cu", "m2m_cells")?,
             m2l: function("expansions.cu", "m2l_cells")?,
             m2l_small: function("expansions.cu", "m2l_cells_p8")?,
+            m2l_rotated: (1..=M2L_ROTATED_ORDER)
+                .map(|p| function("m2l_rotated.cu", &format!("m2l_rotated_{p}")))
+                .collect::<Result<_, _>>()?,
+            m2l_direct: std::env::var("LEAPFMM_GPU_M2L").is_ok_and(|v| v == "direct"),
             l2l: function("expansions.cu", "l2l_cells")?,
             l2p: function("expansions.cu", "l2p_particles")?,
             p2p: function("p2p.cu", "p2p_leaves")?,
@@ -1776,9 +1785,12 @@ fn run_passes(
 
     let t = Instant::now();
     let cells32 = cells as u32;
-    let m2l = match plan.order <= M2L_SMALL_ORDER {
-        true => &k.m2l_small,
-        false => &k.m2l,
+    let (m2l, threads) = match plan.order {
+        p if p <= M2L_ROTATED_ORDER && !k.m2l_direct => {
+            (&k.m2l_rotated[p - 1], M2L_ROTATED_THREADS)
+        }
+        p if p <= M2L_SMALL_ORDER => (&k.m2l_small, M2L_THREADS),
+        _ => (&k.m2l, M2L_THREADS),
     };
     let mut launch = stream.launch_builder(m2l);
     launch
@@ -1788,12 +1800,12 @@ fn run_passes(
         .arg(m2l_sources)
         .arg(&b.centre.buf);
     launch.arg(&b.multipoles.buf).arg(&p).arg(&mut b.locals.buf);
-    // SAFETY: the arguments match m2l_cells's (and m2l_cells_p8's, the same) signature and
-    // the buffers' sizes; the order is at most the kernel's largest; one block
-    // of M2L_THREADS per target cell.
+    // SAFETY: the arguments match m2l_cells's signature (m2l_cells_p8's and each
+    // m2l_rotated_P's are the same) and the buffers' sizes; the order is at most the
+    // kernel's largest (m2l_rotated_P's own); one block of the kernel's threads per target.
     let per_target = LaunchConfig {
         grid_dim: (cells32.max(1), 1, 1),
-        block_dim: (M2L_THREADS, 1, 1),
+        block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
     };
     unsafe { launch.launch(per_target) }?;

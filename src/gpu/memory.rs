@@ -37,6 +37,11 @@ pub const M2L_THREADS: u32 = 32;
 /// Largest expansion order of the M2L kernel with less shared memory, `m2l_cells_p8`
 /// (`M2L_SMALL_ORDER` in expansions.cu).
 pub const M2L_SMALL_ORDER: usize = 8;
+/// Largest expansion order of the rotation-based M2L kernel, `m2l_rotated`
+/// (`M2L_ROTATED_ORDER` in m2l_rotated.cu; kernels/rotations.cuh holds its matrices).
+pub const M2L_ROTATED_ORDER: usize = 8;
+/// Threads of an `m2l_rotated` block, one block per target cell (`M2L_ROTATED_THREADS`).
+pub const M2L_ROTATED_THREADS: u32 = 32;
 
 /// Element counts of the resident state of `particles` particles, in the order
 /// `DeviceState` keeps them: positions, velocities, masses, accelerations, potentials (the

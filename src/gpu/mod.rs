@@ -21,7 +21,7 @@ pub fn kernel_cache() -> Option<std::path::PathBuf> {
 
 /// The kernel sources, embedded: (file name, text). Headers (`.cuh`) are spliced into the
 /// sources that include them before compilation (`expand_includes`).
-pub const SOURCES: [(&str, &str); 9] = [
+pub const SOURCES: [(&str, &str); 11] = [
     ("common.cuh", include_str!("../../kernels/common.cuh")),
     (
         "expansions.cuh",
@@ -34,6 +34,11 @@ pub const SOURCES: [(&str, &str); 9] = [
     ("moments.cu", include_str!("../../kernels/moments.cu")),
     ("walk.cu", include_str!("../../kernels/walk.cu")),
     ("split.cu", include_str!("../../kernels/split.cu")),
+    ("rotations.cuh", include_str!("../../kernels/rotations.cuh")),
+    (
+        "m2l_rotated.cu",
+        include_str!("../../kernels/m2l_rotated.cu"),
+    ),
 ];
 
 /// The compilation units (`.cu` files) among `SOURCES`.

@@ -161,6 +161,14 @@ mod tests {
             define::<u64>("expansions.cu", "M2L_SMALL_ORDER")
         );
         assert_eq!(
+            crate::gpu::memory::M2L_ROTATED_ORDER as u64,
+            define::<u64>("m2l_rotated.cu", "M2L_ROTATED_ORDER")
+        );
+        assert_eq!(
+            u64::from(crate::gpu::memory::M2L_ROTATED_THREADS),
+            define::<u64>("m2l_rotated.cu", "M2L_ROTATED_THREADS")
+        );
+        assert_eq!(
             u64::from(ANCESTOR_THREADS),
             define::<u64>("moments.cu", "ANCESTOR_THREADS")
         );
