@@ -11,7 +11,8 @@
 // `spans[cell]`. The list is taken a warp's width of sources at a time, one per thread. A
 // thread rotates its source's multipole degree by degree in registers and leaves it in its
 // own column of a shared array, translates it there order by order, and rotates each degree
-// back in place. After a barrier each thread adds up its outputs (c = thread, thread + 32,
+// back in place (no barrier comes between, so the compiler keeps all this in registers and
+// only the last values reach shared memory: 168 registers at p = 7). After a barrier each thread adds up its outputs (c = thread, thread + 32,
 // ...) across the columns in list order: every output is the sum of its sources' terms in
 // list order, so the result does not change from run to run.
 #include "expansions.cuh"
