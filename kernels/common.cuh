@@ -14,19 +14,14 @@ __device__ __forceinline__ void plummer_factors(float r2, float eps2, float* f, 
     *p = inv;
 }
 
-// GADGET-2 cubic-spline factors for squared separation r2 and support h: the CPU's
-// formulas for each region, but with a branch to the Newtonian one beyond the support, where
-// most pairs of a P2P list lie: a warp whose pairs all lie there skips the ~40 flops of the
-// polynomials (the CPU evaluates every region and selects, for its SIMD lanes).
-__device__ __forceinline__ void spline_factors(float r2, float h, float* f, float* p) {
-    float inv_r = rsqrtf(r2);
-    float r = r2 * inv_r;
-    if (r >= h) {
-        *f = inv_r * inv_r * inv_r;
-        *p = inv_r;
-        return;
-    }
-    float h_inv = 1.0f / h;
+// GADGET-2 cubic-spline factors inside the support (r < h), at separation r = r2 / sqrt(r2)
+// with inv_r = 1 / r, support h and h_inv = 1 / h: the CPU's formulas for the two inner
+// regions. Beyond the support the factors are Newtonian (1/r³, 1/r), which the caller
+// takes without coming here, as most pairs of a P2P list lie there: a warp whose pairs all
+// lie there skips the ~40 flops of the polynomials (the CPU evaluates every region and
+// selects, for its SIMD lanes).
+__device__ __forceinline__ void spline_inside(float r, float inv_r, float h, float h_inv, float* f,
+                                              float* p) {
     float h3_inv = h_inv * h_inv * h_inv;
     float u = r * h_inv;
     float u2 = u * u;

@@ -11,19 +11,43 @@
 // itself) add nothing.
 #include "common.cuh"
 
+// The pair families of the tile loop: the two softened ones of common.cuh, and Newtonian
+// (Plummer with no softening, or a spline of no support).
+#define P2P_NEWTONIAN 2
+
+// The softening of a launch, with what the tile loop needs of it worked out once.
+struct PairSoftening {
+    float eps2;   // Plummer: ε²
+    float h;      // spline: the support, its inverse and its square
+    float h_inv;
+    float h2;
+};
+
 // Largest block: the shared tile holds one source per thread.
 #define P2P_MAX_BLOCK 256
 // Most targets a thread owns at once.
 #define P2P_MAX_TARGETS 4
 
 // Adds one staged tile's `n` sources (x, y, z relative to the leaf centre, mass) to the f32
-// sums of a thread's T targets. The kernel family and T are template arguments, so the
+// sums of a thread's T targets. The pair family and T are template arguments, so the
 // inner loop carries no test of them; each source is one 16-byte shared-memory load, the
 // same for every thread of the warp (a broadcast), used for all T targets.
-template <int KERNEL, int T>
+//
+// A zero separation (the particle itself, or one at the same place) adds nothing, as in the
+// CPU's pair sums. Where the factors stay finite at r = 0 that is one select of the mass
+// (Plummer: ε² > 0). The spline floors r² at 1e-30 so that they do; such a pair lies inside
+// the support, so its factors are zeroed on the polynomials' branch and the Newtonian
+// branch, where most pairs go, masks nothing. Newtonian pairs also replace r² = 0 by a far
+// one.
+template <int FAMILY, int T>
 __device__ __forceinline__ void add_tile(const float4* tile, unsigned n, const float* xi,
-                                         const float* yi, const float* zi, float eps2,
-                                         float h, float* sx, float* sy, float* sz, float* sp) {
+                                         const float* yi, const float* zi,
+                                         const PairSoftening& soft, float* sx, float* sy,
+                                         float* sz, float* sp) {
+    // Sources per pass of the loop: its own instructions (the shared address, the count,
+    // the branch) shared out over 4 pairs or more.
+    [[maybe_unused]] constexpr int SOURCES_PER_PASS = T == 1 ? 4 : 2;
+#pragma unroll SOURCES_PER_PASS
     for (unsigned k = 0; k < n; ++k) {
         const float4 s = tile[k];
 #pragma unroll
@@ -32,16 +56,27 @@ __device__ __forceinline__ void add_tile(const float4* tile, unsigned n, const f
             const float dy = s.y - yi[t];
             const float dz = s.z - zi[t];
             const float r2 = dx * dx + dy * dy + dz * dz;
-            // A zero separation (the particle itself) adds nothing: its mass is masked to
-            // zero and its r2 replaced by a far one (finite factors, the spline's cheap
-            // branch), by selects rather than a branch around the pair.
-            const bool pair = r2 > 0.0f;
-            const float m = pair ? s.w : 0.0f;
-            float f, p;
-            if (KERNEL == LEAPFMM_SPLINE) {
-                spline_factors(pair ? r2 : 1e30f, h, &f, &p);
+            float m = s.w, f, p;
+            if (FAMILY == LEAPFMM_SPLINE) {
+                const float r2s = fmaxf(r2, 1e-30f);
+                const float inv_r = rsqrtf(r2s);
+                if (r2s >= soft.h2) {
+                    f = inv_r * inv_r * inv_r;
+                    p = inv_r;
+                } else {
+                    spline_inside(r2s * inv_r, inv_r, soft.h, soft.h_inv, &f, &p);
+                    f = r2 > 0.0f ? f : 0.0f;
+                    p = r2 > 0.0f ? p : 0.0f;
+                }
+            } else if (FAMILY == LEAPFMM_PLUMMER) {
+                plummer_factors(r2, soft.eps2, &f, &p);
+                m = r2 > 0.0f ? m : 0.0f;
             } else {
-                plummer_factors(pair ? r2 : 1e30f, eps2, &f, &p);
+                const bool pair = r2 > 0.0f;
+                m = pair ? m : 0.0f;
+                const float inv_r = rsqrtf(pair ? r2 : 1e30f);
+                f = inv_r * inv_r * inv_r;
+                p = inv_r;
             }
             const float mf = m * f;
             sx[t] += mf * dx;
@@ -55,12 +90,12 @@ __device__ __forceinline__ void add_tile(const float4* tile, unsigned n, const f
 // A leaf's targets in rounds of T width: in a round thread x owns targets round + x + t
 // width, t < T (those past t_end are computed at the centre and not written). Every thread
 // takes part in every round and every tile load, active or not.
-template <int KERNEL, int T>
+template <int FAMILY, int T>
 __device__ __forceinline__ void p2p_targets(
     const double* __restrict__ pos, const double* __restrict__ mass,
     const unsigned* __restrict__ leaf_begin, const unsigned* __restrict__ leaf_end,
     const unsigned* __restrict__ sources, unsigned first, unsigned last, double cx, double cy,
-    double cz, unsigned t_begin, unsigned t_end, float eps2, float h, double g,
+    double cz, unsigned t_begin, unsigned t_end, const PairSoftening& soft, double g,
     float4* tile, double* __restrict__ acc, double* __restrict__ pot)
 {
     const unsigned width = blockDim.x;
@@ -105,7 +140,7 @@ __device__ __forceinline__ void p2p_targets(
                     sz[t] = 0.0f;
                     sp[t] = 0.0f;
                 }
-                add_tile<KERNEL, T>(tile, n, xi, yi, zi, eps2, h, sx, sy, sz, sp);
+                add_tile<FAMILY, T>(tile, n, xi, yi, zi, soft, sx, sy, sz, sp);
 #pragma unroll
                 for (int t = 0; t < T; ++t) {
                     ax[t] += sx[t];
@@ -130,27 +165,27 @@ __device__ __forceinline__ void p2p_targets(
 
 // The leaf's targets with as many per thread as its size needs (the same for the whole
 // block, so no thread waits for another's branch).
-template <int KERNEL>
+template <int FAMILY>
 __device__ __forceinline__ void p2p_sized(
     const double* __restrict__ pos, const double* __restrict__ mass,
     const unsigned* __restrict__ leaf_begin, const unsigned* __restrict__ leaf_end,
     const unsigned* __restrict__ sources, unsigned first, unsigned last, double cx, double cy,
-    double cz, unsigned t_begin, unsigned t_end, float eps2, float h, double g,
+    double cz, unsigned t_begin, unsigned t_end, const PairSoftening& soft, double g,
     float4* tile, double* __restrict__ acc, double* __restrict__ pot)
 {
     const unsigned targets = t_end - t_begin, width = blockDim.x;
     if (targets <= width) {
-        p2p_targets<KERNEL, 1>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
-                               cz, t_begin, t_end, eps2, h, g, tile, acc, pot);
+        p2p_targets<FAMILY, 1>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
+                               cz, t_begin, t_end, soft, g, tile, acc, pot);
     } else if (targets <= 2 * width) {
-        p2p_targets<KERNEL, 2>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
-                               cz, t_begin, t_end, eps2, h, g, tile, acc, pot);
+        p2p_targets<FAMILY, 2>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
+                               cz, t_begin, t_end, soft, g, tile, acc, pot);
     } else if (targets <= 3 * width) {
-        p2p_targets<KERNEL, 3>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
-                               cz, t_begin, t_end, eps2, h, g, tile, acc, pot);
+        p2p_targets<FAMILY, 3>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
+                               cz, t_begin, t_end, soft, g, tile, acc, pot);
     } else {
-        p2p_targets<KERNEL, P2P_MAX_TARGETS>(pos, mass, leaf_begin, leaf_end, sources, first,
-                                             last, cx, cy, cz, t_begin, t_end, eps2, h, g,
+        p2p_targets<FAMILY, P2P_MAX_TARGETS>(pos, mass, leaf_begin, leaf_end, sources, first,
+                                             last, cx, cy, cz, t_begin, t_end, soft, g,
                                              tile, acc, pot);
     }
 }
@@ -178,13 +213,17 @@ extern "C" __global__ void p2p_leaves(
     const unsigned long long span = spans[leaf];
     const unsigned first = (unsigned)(span >> 32);
     const unsigned last = first + (unsigned)(span & 0xffffffffu);
-    // The spline needs a positive support; a zero one means Newtonian forces, which the
-    // Plummer form gives with eps2 = 0.
+    // The spline needs a positive support and Plummer softening a positive ε²; without
+    // them the forces are Newtonian.
+    const PairSoftening soft = {eps2, h, 1.0f / h, h * h};
     if (kernel == LEAPFMM_SPLINE && h > 0.0f) {
         p2p_sized<LEAPFMM_SPLINE>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx,
-                                  cy, cz, t_begin, t_end, eps2, h, g, tile, acc, pot);
-    } else {
+                                  cy, cz, t_begin, t_end, soft, g, tile, acc, pot);
+    } else if (kernel == LEAPFMM_PLUMMER && eps2 > 0.0f) {
         p2p_sized<LEAPFMM_PLUMMER>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx,
-                                   cy, cz, t_begin, t_end, eps2, h, g, tile, acc, pot);
+                                   cy, cz, t_begin, t_end, soft, g, tile, acc, pot);
+    } else {
+        p2p_sized<P2P_NEWTONIAN>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
+                                 cz, t_begin, t_end, soft, g, tile, acc, pot);
     }
 }

@@ -191,7 +191,12 @@ fn p2p_kernel_matches_the_cpu_pair_sums() {
     // and four (200); with the GPU's 32: two (37, 64), three (65), four (128), and 200 in two
     // rounds of four.
     let sizes = [0, 1, 37, 64, 65, 200, 128];
-    let l = leaves(&sizes, 11);
+    let mut l = leaves(&sizes, 11);
+    // Two particles at the same place in one leaf, and two in different leaves: they must
+    // not feel each other, as on the CPU (the kernel masks zero separations).
+    let at = |leaf: usize, k: usize| l.begin[leaf] as usize + k;
+    let (a, b, c, d) = (at(2, 0), at(2, 1), at(3, 2), at(5, 7));
+    (l.pos[b], l.pos[d]) = (l.pos[a], l.pos[c]);
     let g = 4.3;
     // The two kernel families, and Newtonian forces (zero softening: the particle itself
     // must not turn into an infinity).
