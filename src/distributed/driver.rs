@@ -368,13 +368,14 @@ impl<C: Communicator> DistributedFmm<C> {
         let active = if everyone { None } else { active };
         let mut migrated = 0;
         if comm.size() > 1 && everyone {
-            let keys: Vec<u64> = particles.pos.iter().map(|&x| cube.key(x)).collect();
+            let keys: Vec<u64> = particles.pos.par_iter().map(|&x| cube.key(x)).collect();
             if self.work.len() != particles.len() {
                 self.work = vec![0.0; particles.len()];
             }
             let splitters = balance(comm, &keys, &self.work).map_err(comm_err)?;
             let domains = Domains { cube, splitters };
-            migrated = migrate(comm, &domains, particles, &mut self.work).map_err(comm_err)?;
+            migrated =
+                migrate(comm, &domains, &keys, particles, &mut self.work).map_err(comm_err)?;
         }
         let decomposition_s = t0.elapsed().as_secs_f64();
         let n = particles.len();
