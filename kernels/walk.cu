@@ -32,14 +32,24 @@
 #define CELL_CENTRE(m, c, k) ((m)[5 * (size_t)(c) + 1 + (k)])
 #define CELL_R_MAX(m, c) ((m)[5 * (size_t)(c) + 4])
 
-// traversal.rs: Mac::accepts, unfused, with the same band.
-__device__ __forceinline__ bool mac_accepts(const double* m, unsigned a, unsigned b, double theta,
+// A cell's centre and radius (r_max) from the moments array.
+struct CellBall {
+    double x, y, z, r;
+};
+
+__device__ __forceinline__ CellBall cell_ball(const double* m, unsigned c) {
+    return CellBall{CELL_CENTRE(m, c, 0), CELL_CENTRE(m, c, 1), CELL_CENTRE(m, c, 2),
+                    CELL_R_MAX(m, c)};
+}
+
+// traversal.rs: Mac::accepts for cells a and b, unfused, with the same band.
+__device__ __forceinline__ bool mac_accepts(const CellBall& a, const CellBall& b, double theta,
                                             double support) {
-    const double dx = __dsub_rn(CELL_CENTRE(m, a, 0), CELL_CENTRE(m, b, 0));
-    const double dy = __dsub_rn(CELL_CENTRE(m, a, 1), CELL_CENTRE(m, b, 1));
-    const double dz = __dsub_rn(CELL_CENTRE(m, a, 2), CELL_CENTRE(m, b, 2));
+    const double dx = __dsub_rn(a.x, b.x);
+    const double dy = __dsub_rn(a.y, b.y);
+    const double dz = __dsub_rn(a.z, b.z);
     const double d2 = __dadd_rn(__dadd_rn(__dmul_rn(dx, dx), __dmul_rn(dy, dy)), __dmul_rn(dz, dz));
-    const double r = __dadd_rn(CELL_R_MAX(m, a), CELL_R_MAX(m, b));
+    const double r = __dadd_rn(a.r, b.r);
     const double rs = __dadd_rn(r, support);
     const double near = __dmul_rn(r, r), far = __dmul_rn(rs, rs);
     const double reach = __dmul_rn(__dmul_rn(theta, theta), d2);
@@ -128,9 +138,12 @@ extern "C" __global__ void walk_level(
         p2p.out = p2p_out + p2p_base + counts[stride + k];
         deferred.out = deferred_out + counts[2 * stride + k];
     }
+    // The target's own values, read once rather than at every decision.
+    const CellBall t_ball = cell_ball(moments, t);
+    const unsigned t_begin = begin[t];
     const bool t_leaf = child_count[t] == 0;
     const unsigned t_first = first_child[t], t_children = child_count[t];
-    const unsigned long long t_count = end[t] - begin[t];
+    const unsigned long long t_count = end[t] - t_begin;
     unsigned long long near_pairs = 0;
     bool split_self = false, children_placed = false, full = false;
     unsigned next_handed = 0, head = 0, tail = 0;
@@ -163,7 +176,7 @@ extern "C" __global__ void walk_level(
             }
             continue;
         }
-        if (mac_accepts(moments, t, s, theta, support)) {
+        if (mac_accepts(t_ball, cell_ball(moments, s), theta, support)) {
             m2l.put(s);
             continue;
         }
@@ -173,7 +186,7 @@ extern "C" __global__ void walk_level(
             near_pairs += t_count * (unsigned long long)(end[s] - begin[s]);
             continue;
         }
-        const bool opens_source = begin[t] < begin[s] ? open_second(moments, child_count, t, s)
+        const bool opens_source = t_begin < begin[s] ? open_second(moments, child_count, t, s)
                                                       : !open_second(moments, child_count, s, t);
         if (opens_source) {
             const unsigned c0 = first_child[s], c1 = c0 + child_count[s];
