@@ -25,7 +25,7 @@ pub const OFFSETS_THREADS: u32 = 1024;
 pub const ANCESTOR_THREADS: u32 = 256;
 /// Targets of one `walk_level` launch over a level's cells: each thread has a ring of
 /// `WALK_SHORT_QUEUE` opened sources (walk.cu). Enough threads to fill an H200 (132 SMs of
-/// 7 blocks of 128 at the kernel's 66 registers): the walk is latency-bound.
+/// 7 blocks of 128 at the kernel's 71 registers): the walk is latency-bound.
 pub const WALK_CHUNK: usize = 131_072;
 /// Entries of the ring of a target in a launch over a level's cells. A target that needs
 /// more is launched again with `WALK_QUEUE` (1024 was too few for 18 targets of the Milky
