@@ -8,7 +8,9 @@
 // children in their place when it meets itself).
 //
 // One thread per target, run twice per level: a counting pass, then (after the prefix sums
-// of the counts) a writing pass that repeats the decisions and writes at the offsets.
+// of the counts) a writing pass that writes at the offsets. The counting pass keeps each
+// target's entries (up to a number the host picks), so the writing pass only copies them;
+// a target with more walks again, repeating the decisions.
 //
 // The rings: a launch over a range of targets gives each thread a short ring (the host
 // picks its length), so that a launch holds enough targets to keep the GPU busy (the walk
@@ -79,6 +81,26 @@ __device__ __forceinline__ bool open_second(const double* m, const unsigned* chi
     return x > y;
 }
 
+// Where a counting pass keeps a target's entries for its writing pass: each entry is a
+// source with its list's tag in the top bits, in the order the walk made them. `room`
+// entries at most; `count` may pass it (then they were not all kept).
+#define WALK_TAG_SHIFT 30
+#define WALK_M2L 0u
+#define WALK_P2P 1u
+#define WALK_DEFERRED 2u
+// cache_len of a target whose entries were not all kept: its writing pass walks again.
+#define WALK_UNCACHED 0xffffffffu
+
+struct WalkCache {
+    unsigned* out;
+    unsigned room;
+    unsigned count;
+    __device__ void keep(unsigned tag, unsigned s) {
+        if (count < room) out[count] = (tag << WALK_TAG_SHIFT) | s;
+        ++count;
+    }
+};
+
 // One list of a target: counted, or written from `out` on; `last` checks increasing order.
 struct WalkList {
     unsigned* out;
@@ -103,7 +125,10 @@ struct WalkList {
 // list), t's lists go to m2l_out[m2l_base + offset ..], p2p_out[p2p_base + offset ..] and
 // deferred_out[offset ..], with their spans. `ring` holds `queue` entries (a power of two)
 // per thread of the launch; a target whose ring fills up is appended to `retry`
-// (`retry_count` counts them).
+// (`retry_count` counts them). Without `write`, target t keeps up to `cache_room` entries at
+// cache[k cache_room ..] and their number (WALK_UNCACHED if they did not fit) in
+// cache_len[k]; with `write`, a target whose entries were kept writes its lists from them
+// instead of walking again (the same lists: the entries in the walk's order).
 extern "C" __global__ void walk_level(
     unsigned level_first, unsigned chunk_first, unsigned chunk_count, int listed,
     const unsigned* __restrict__ which, int write,
@@ -111,7 +136,9 @@ extern "C" __global__ void walk_level(
     const unsigned* __restrict__ end, const unsigned* __restrict__ first_child,
     const unsigned* __restrict__ child_count, const unsigned* __restrict__ parent,
     const unsigned long long* __restrict__ handed_span, const unsigned* __restrict__ handed,
-    double theta, double support, unsigned* __restrict__ ring, unsigned queue, unsigned stride,
+    double theta, double support, unsigned* __restrict__ ring, unsigned queue,
+    unsigned* __restrict__ cache, unsigned cache_room, unsigned* __restrict__ cache_len,
+    unsigned stride,
     unsigned* __restrict__ counts,
     unsigned long long* __restrict__ pairs, unsigned m2l_base, unsigned p2p_base,
     unsigned* __restrict__ m2l_out, unsigned long long* __restrict__ m2l_spans,
@@ -122,6 +149,29 @@ extern "C" __global__ void walk_level(
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= chunk_count) return;
     const unsigned t = listed ? which[chunk_first + i] : chunk_first + i, k = t - level_first;
+    if (write && cache_room > 0 && cache_len[k] != WALK_UNCACHED) {
+        // The counting pass kept every entry of the target's lists, in order (and checked
+        // that order): they are copied.
+        const unsigned* kept = cache + (size_t)k * cache_room;
+        const unsigned m2l_at = m2l_base + counts[k], p2p_at = p2p_base + counts[stride + k];
+        const unsigned deferred_at = counts[2 * stride + k];
+        const unsigned source_mask = (1u << WALK_TAG_SHIFT) - 1;
+        unsigned n[3] = {0, 0, 0};
+        for (unsigned j = 0, len = cache_len[k]; j < len; ++j) {
+            const unsigned tag = kept[j] >> WALK_TAG_SHIFT, s = kept[j] & source_mask;
+            if (tag == WALK_M2L) {
+                m2l_out[m2l_at + n[0]++] = s;
+            } else if (tag == WALK_P2P) {
+                p2p_out[p2p_at + n[1]++] = s;
+            } else {
+                deferred_out[deferred_at + n[2]++] = s;
+            }
+        }
+        m2l_spans[t] = ((unsigned long long)m2l_at << 32) | n[0];
+        p2p_spans[t] = ((unsigned long long)p2p_at << 32) | n[1];
+        deferred_span[t] = ((unsigned long long)deferred_at << 32) | n[2];
+        return;
+    }
     unsigned* ring_of_t = ring + (size_t)i * queue;
     const unsigned mask = queue - 1;
     // The root is handed itself (no list: a local one would live in local memory).
@@ -133,6 +183,13 @@ extern "C" __global__ void walk_level(
         from_len = (unsigned)span;
     }
     WalkList m2l{nullptr, 0, 0, true}, p2p{nullptr, 0, 0, true}, deferred{nullptr, 0, 0, true};
+    WalkCache kept{cache + (size_t)k * cache_room, cache_room, 0};
+    const bool keeping = !write && cache_room > 0;
+    // An entry into its list (and, in a counting pass, into the target's kept entries).
+    auto put = [&](WalkList& list, unsigned tag, unsigned s) {
+        list.put(s);
+        if (keeping) kept.keep(tag, s);
+    };
     if (write) {
         m2l.out = m2l_out + m2l_base + counts[k];
         p2p.out = p2p_out + p2p_base + counts[stride + k];
@@ -169,7 +226,7 @@ extern "C" __global__ void walk_level(
         }
         if (s == t) {
             if (t_leaf) {
-                p2p.put(t);
+                put(p2p, WALK_P2P, t);
                 near_pairs += t_count * t_count;
             } else {
                 split_self = true;
@@ -177,12 +234,12 @@ extern "C" __global__ void walk_level(
             continue;
         }
         if (mac_accepts(t_ball, cell_ball(moments, s), theta, support)) {
-            m2l.put(s);
+            put(m2l, WALK_M2L, s);
             continue;
         }
         const bool s_leaf = child_count[s] == 0;
         if (t_leaf && s_leaf) {
-            p2p.put(s);
+            put(p2p, WALK_P2P, s);
             near_pairs += t_count * (unsigned long long)(end[s] - begin[s]);
             continue;
         }
@@ -201,18 +258,23 @@ extern "C" __global__ void walk_level(
             // The target's own children go where the host's partition point puts them:
             // before the first deferred source at or past them.
             if (split_self && !children_placed && s >= t_first) {
-                for (unsigned c = t_first; c < t_first + t_children; ++c) deferred.put(c);
+                for (unsigned c = t_first; c < t_first + t_children; ++c) {
+                    put(deferred, WALK_DEFERRED, c);
+                }
                 children_placed = true;
             }
-            deferred.put(s);
+            put(deferred, WALK_DEFERRED, s);
         }
     }
     if (full) {
+        if (keeping) cache_len[k] = WALK_UNCACHED;
         retry[atomicAdd(retry_count, 1u)] = t;
         return;
     }
     if (split_self && !children_placed) {
-        for (unsigned c = t_first; c < t_first + t_children; ++c) deferred.put(c);
+        for (unsigned c = t_first; c < t_first + t_children; ++c) {
+            put(deferred, WALK_DEFERRED, c);
+        }
     }
     const bool leaf_defers = t_leaf && deferred.count > 0;
     if (leaf_defers || !m2l.sorted || !p2p.sorted || !deferred.sorted) {
@@ -224,6 +286,7 @@ extern "C" __global__ void walk_level(
         p2p_spans[t] = ((unsigned long long)p2p_start << 32) | p2p.count;
         deferred_span[t] = ((unsigned long long)counts[2 * stride + k] << 32) | deferred.count;
     } else {
+        if (keeping) cache_len[k] = kept.count <= cache_room ? kept.count : WALK_UNCACHED;
         counts[k] = m2l.count;
         counts[stride + k] = p2p.count;
         counts[2 * stride + k] = deferred.count;

@@ -638,7 +638,7 @@ impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
         if !self.walk {
             return Ok(None);
         }
-        let w = emulated_walk(tree, mac, 4096, GPU_RINGS);
+        let w = emulated_walk(tree, mac, 4096, GPU_RINGS, GPU_CACHE);
         assert_eq!(w.problems, 0);
         let lists = leapfmm::fmm::solver::DeviceLists {
             m2l: w.m2l_sources.len(),
@@ -925,8 +925,9 @@ fn device_walk_gives_the_hosts_lists() {
         p2p.reset(10_000_000);
         let walked = walk(&tree, None, mac, &[], &m2l, &p2p);
         let (far, near) = (m2l.take(), p2p.take());
-        let w = emulated_walk(&tree, mac, chunk, GPU_RINGS);
+        let w = emulated_walk(&tree, mac, chunk, GPU_RINGS, GPU_CACHE);
         assert_eq!((w.problems, w.retried), (0, 0));
+        assert!(w.kept > 0, "no target's entries were kept");
         let (m2l_spans, p2p_spans, pairs) = (&w.m2l_spans, &w.p2p_spans, &w.pairs);
         let (device_m2l, device_p2p) = (&w.m2l_sources, &w.p2p_sources);
         let (m2l_total, p2p_total) = (device_m2l.len(), device_p2p.len());
@@ -965,7 +966,30 @@ fn device_walk_gives_the_hosts_lists() {
         );
         // With short rings of 8 opened sources, targets fill them: they are launched again
         // with long rings, and the lists are the same.
-        let retried = emulated_walk(&tree, mac, chunk, (8, 16384));
+        // Keeping no entries (every target walks again to write) or 40 (some do), the
+        // lists are the same.
+        for cache in [0, 40] {
+            let again = emulated_walk(&tree, mac, chunk, GPU_RINGS, cache);
+            assert_eq!(again.problems, 0);
+            let kept = again.kept as usize;
+            assert!(
+                if cache == 0 {
+                    kept == 0
+                } else {
+                    kept > 0 && kept < cells
+                },
+                "{kept} of {cells} kept {cache} entries"
+            );
+            assert_eq!(
+                (&again.m2l_spans, &again.p2p_spans, &again.pairs),
+                (&w.m2l_spans, &w.p2p_spans, &w.pairs)
+            );
+            assert_eq!(
+                (&again.m2l_sources, &again.p2p_sources),
+                (&w.m2l_sources, &w.p2p_sources)
+            );
+        }
+        let retried = emulated_walk(&tree, mac, chunk, (8, 16384), GPU_CACHE);
         assert_eq!(retried.problems, 0);
         assert!(retried.retried > 0, "no short ring filled up");
         assert_eq!(
@@ -978,7 +1002,7 @@ fn device_walk_gives_the_hosts_lists() {
         );
         // With long rings of 8 too, the walk says so (the host then walks) instead of
         // writing past a ring or dropping sources silently.
-        let small = emulated_walk(&tree, mac, chunk, (8, 8));
+        let small = emulated_walk(&tree, mac, chunk, (8, 8), GPU_CACHE);
         assert!(small.problems > 0, "no long ring filled up");
     }
 }
@@ -1004,6 +1028,9 @@ fn assert_walked_lists_are_the_plans(
     }
 }
 
+/// Entries the GPU's counting pass keeps per target (src/gpu/sort.rs).
+const GPU_CACHE: u32 = leapfmm::gpu::sort::WALK_CACHE as u32;
+
 /// The GPU's rings of opened sources: short, and long for the targets launched again
 /// (src/gpu/sort.rs).
 const GPU_RINGS: (u32, u32) = (
@@ -1016,6 +1043,8 @@ struct EmulatedWalk {
     problems: u32,
     /// Targets launched again with long rings.
     retried: u32,
+    /// Targets whose entries the counting pass kept (their writing pass copied them).
+    kept: u32,
     m2l_spans: Vec<u64>,
     p2p_spans: Vec<u64>,
     pairs: Vec<u64>,
@@ -1025,12 +1054,13 @@ struct EmulatedWalk {
 
 /// The device walk of `tree` (moments set) with `mac`, in launches of `chunk` targets with
 /// `rings` (short, long) entries of opened sources (the targets launched again in launches
-/// of `chunk` too).
+/// of `chunk` too), keeping `cache` entries per target for the writing pass.
 fn emulated_walk(
     tree: &leapfmm::fmm::tree::Tree,
     mac: leapfmm::fmm::traversal::Mac,
     chunk: u32,
     rings: (u32, u32),
+    cache: u32,
 ) -> EmulatedWalk {
     let cells = tree.cells.len();
     let mut b = Vec::new();
@@ -1045,6 +1075,7 @@ fn emulated_walk(
             rings.0,
             rings.1,
             32,
+            cache,
         ],
     );
     f64_bytes(&mut b, [mac.theta, mac.support]);
@@ -1057,15 +1088,16 @@ fn emulated_walk(
     let u64_at = |at: usize| u64::from_le_bytes(out[at..at + 8].try_into().unwrap());
     let spans = |which: usize| -> Vec<u64> {
         (0..cells)
-            .map(|c| u64_at(16 + 8 * (which * cells + c)))
+            .map(|c| u64_at(20 + 8 * (which * cells + c)))
             .collect()
     };
-    let lists = 16 + 24 * cells;
+    let lists = 20 + 24 * cells;
     let u32_at =
         |i: usize| u32::from_le_bytes(out[lists + 4 * i..lists + 4 * i + 4].try_into().unwrap());
     EmulatedWalk {
         problems,
         retried,
+        kept: word(4),
         m2l_spans: spans(0),
         p2p_spans: spans(1),
         pairs: spans(2),

@@ -32,11 +32,12 @@
 //                             level_start (levels + 1), leaves; OUT: leaf_of, then mass,
 //                             centre and r_max of each cell (5 values)
 //   harness walk IN OUT       IN: cells, levels, chunk, retry chunk, short ring, long ring,
-//                             block, theta, support, moments (5 per
+//                             block, entries kept per target, theta, support, moments (5 per
 //                             cell), begin, end, first_child, child_count, parent (per
 //                             cell), level_start; OUT: problems, targets launched
-//                             again with long rings, M2L and P2P totals, M2L
-//                             spans, P2P spans, P2P pairs (per cell), M2L list, P2P list
+//                             again with long rings, M2L and P2P totals, targets whose
+//                             entries were kept, M2L spans, P2P spans, P2P pairs (per
+//                             cell), M2L list, P2P list
 //   harness runs IN OUT       IN: n, block, sorted keys, ids (by particle), particle indices;
 //                             OUT: problems, the indices with runs of equal keys ordered by id
 //   harness split IN OUT      IN: n, leaf size, block, scan blocks, sorted keys, particle
@@ -411,7 +412,7 @@ int main(int argc, char** argv) {
         auto cells = in.one<uint32_t>(), levels = in.one<uint32_t>();
         auto chunk = in.one<uint32_t>(), retry_chunk = in.one<uint32_t>();
         auto short_queue = in.one<uint32_t>(), long_queue = in.one<uint32_t>();
-        auto block = in.one<uint32_t>();
+        auto block = in.one<uint32_t>(), cache_room = in.one<uint32_t>();
         auto theta = in.one<double>(), support = in.one<double>();
         auto moments = in.many<double>(5 * cells);
         auto begin = in.many<uint32_t>(cells), end = in.many<uint32_t>(cells);
@@ -430,10 +431,13 @@ int main(int argc, char** argv) {
         deferred_span[1].resize(cells);
         deferred[0].resize(1);
         deferred[1].resize(1);
-        unsigned problems = 0, m2l_base = 0, p2p_base = 0, retried = 0;
+        unsigned problems = 0, m2l_base = 0, p2p_base = 0, retried = 0, kept = 0;
+        std::vector<uint32_t> cache, cache_len;
         for (unsigned l = 0; l < levels; ++l) {
             unsigned first = level_start[l], count = level_start[l + 1] - first, stride = count + 1;
             std::vector<uint32_t> counts(3 * stride, 0);
+            cache.assign(std::max(1u, count * cache_room), 0);
+            cache_len.assign(std::max(1u, count), 0);
             // Level l hands on what level l - 1 deferred, in the other buffers.
             const std::vector<uint32_t>& handed = deferred[(l + 1) % 2];
             const std::vector<uint64_t>& handed_span = deferred_span[(l + 1) % 2];
@@ -449,7 +453,8 @@ int main(int argc, char** argv) {
                            (const unsigned*)child_count.data(), (const unsigned*)parent.data(),
                            (const unsigned long long*)handed_span.data(),
                            (const unsigned*)handed.data(), theta, support,
-                           (unsigned*)ring.data(), queue, stride, (unsigned*)counts.data(),
+                           (unsigned*)ring.data(), queue, (unsigned*)cache.data(), cache_room,
+                           (unsigned*)cache_len.data(), stride, (unsigned*)counts.data(),
                            (unsigned long long*)pairs.data(), m2l_base, p2p_base,
                            (unsigned*)m2l_list.data(), (unsigned long long*)m2l_spans.data(),
                            (unsigned*)p2p_list.data(), (unsigned long long*)p2p_spans.data(),
@@ -466,6 +471,10 @@ int main(int argc, char** argv) {
                 problems += listed[1];
             };
             pass(0);
+            if (cache_room > 0) {
+                kept += (unsigned)std::count_if(cache_len.begin(), cache_len.begin() + count,
+                                                [](uint32_t n) { return n != WALK_UNCACHED; });
+            }
             for (unsigned i = 0; i < 3; ++i) {
                 launch(1, 64, radix_offsets, (unsigned*)counts.data() + i * stride, stride);
             }
@@ -476,8 +485,8 @@ int main(int argc, char** argv) {
             m2l_base += counts[count];
             p2p_base += counts[stride + count];
         }
-        uint32_t totals[4] = {problems, retried, m2l_base, p2p_base};
-        std::fwrite(totals, 4, 4, out);
+        uint32_t totals[5] = {problems, retried, m2l_base, p2p_base, kept};
+        std::fwrite(totals, 4, 5, out);
         put(out, m2l_spans);
         put(out, p2p_spans);
         put(out, pairs);

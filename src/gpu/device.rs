@@ -28,8 +28,8 @@ use super::nccl::NcclLink;
 use super::nvrtc::{KernelError, compile_all};
 use super::sort::{
     ANCESTOR_THREADS, BOUNDS_BLOCKS, BOUNDS_FIELDS, BOUNDS_THREADS, LEVEL_SLOTS, OFFSETS_THREADS,
-    RADIX_BITS, RADIX_THREADS, SCAN_BLOCKS, SCAN_THREADS, SCAN_VALUES, WALK_CHUNK, WALK_QUEUE,
-    WALK_RETRY_CHUNK, WALK_RING_BYTES, WALK_SHORT_QUEUE, cube_of_bounds, sort_blocks,
+    RADIX_BITS, RADIX_THREADS, SCAN_BLOCKS, SCAN_THREADS, SCAN_VALUES, WALK_CACHE, WALK_CHUNK,
+    WALK_QUEUE, WALK_RETRY_CHUNK, WALK_RING_BYTES, WALK_SHORT_QUEUE, cube_of_bounds, sort_blocks,
 };
 use crate::distributed::comm::Communicator;
 use crate::distributed::payload::PayloadRoutes;
@@ -455,6 +455,10 @@ struct WalkBuffers {
     counts: Reused<u32>,
     pairs: Reused<u64>,
     ring: Reused<u32>,
+    /// The entries a level's counting pass keeps, `WALK_CACHE` per target, and how many
+    /// each target kept (walk.cu: `WALK_UNCACHED` when they did not fit).
+    cache: Reused<u32>,
+    cache_len: Reused<u32>,
     /// The targets whose short rings filled up (launched again with long rings), and those
     /// whose long rings did too; how many of each.
     retry: [Reused<u32>; 2],
@@ -475,6 +479,8 @@ impl WalkBuffers {
             counts: Reused::new(stream, 3 * (cells + 1))?,
             pairs: Reused::new(stream, cells)?,
             ring: Reused::new(stream, WALK_RING_BYTES / 4)?,
+            cache: Reused::new(stream, 0)?,
+            cache_len: Reused::new(stream, 0)?,
             retry: [Reused::new(stream, cells)?, Reused::new(stream, cells)?],
             retry_count: [Reused::new(stream, 1)?, Reused::new(stream, 1)?],
             problems: Reused::new(stream, 1)?,
@@ -1486,6 +1492,8 @@ impl GpuFmm {
         w.p2p_sources.room(&stream, caps.p2p_pairs)?;
         w.problems.zero(&stream, 1)?;
         let (theta, support) = (mac.theta, mac.support);
+        // A kept entry tags its source's index in 30 bits (walk.cu: WALK_TAG_SHIFT).
+        let cache_room = (if cells < 1 << 30 { WALK_CACHE } else { 0 }) as u32;
         let (mut m2l_total, mut p2p_total) = (0usize, 0usize);
         for level in 0..levels {
             let first = tree.level_start[level];
@@ -1493,6 +1501,8 @@ impl GpuFmm {
             let stride = count + 1;
             w.counts.room(&stream, 3 * stride)?;
             w.counts.zero(&stream, 3 * stride)?;
+            w.cache.room(&stream, count * WALK_CACHE)?;
+            w.cache_len.room(&stream, count)?;
             let [deferred_0, deferred_1] = &mut w.deferred;
             let [spans_0, spans_1] = &mut w.deferred_spans;
             // Level l writes side l % 2 and reads what level l - 1 wrote on the other.
@@ -1579,6 +1589,9 @@ impl GpuFmm {
                             .arg(&support)
                             .arg(&mut w.ring.buf)
                             .arg(&queue)
+                            .arg(&mut w.cache.buf)
+                            .arg(&cache_room)
+                            .arg(&mut w.cache_len.buf)
                             .arg(&stride32)
                             .arg(&mut w.counts.buf)
                             .arg(&mut w.pairs.buf)
