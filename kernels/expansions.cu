@@ -178,16 +178,9 @@ __device__ __forceinline__ void m2l_block(
     // At the end the pieces' sums go where the multipoles were.
     static_assert(M2L_PIECES(MAXP) <= M2L_BATCH * STRIDE, "the pieces fit in m_full");
     double2* part = m_full;
-    const unsigned t = blockIdx.x;
     const int lane = (int)threadIdx.x;
-    if (t >= count) {
-        return;
-    }
-    const unsigned cell = targets[t];
-    const unsigned long long span = spans[cell];
-    const unsigned first = (unsigned)(span >> 32);
-    const unsigned last = first + (unsigned)(span & 0xffffffffu);
-    if (first == last) {
+    unsigned cell, first, last;
+    if (!m2l_target(targets, count, spans, &cell, &first, &last)) {
         return;
     }
     const int len = (p + 1) * (p + 2);

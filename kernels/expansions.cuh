@@ -64,3 +64,19 @@ __device__ __forceinline__ void coefficient(const double* c, int n, int m, doubl
     *re = r;
     *im = i;
 }
+
+// The target cell of an M2L block (one block per target: block blockIdx.x of a launch over
+// `count` targets) and its M2L list, sources[first..last) with (first, last - first) the
+// high and low 32 bits of spans[cell]; false for a block past the targets or an empty list.
+__device__ __forceinline__ bool m2l_target(const unsigned* __restrict__ targets, unsigned count,
+                                           const unsigned long long* __restrict__ spans,
+                                           unsigned* cell, unsigned* first, unsigned* last) {
+    if (blockIdx.x >= count) {
+        return false;
+    }
+    *cell = targets[blockIdx.x];
+    const unsigned long long span = spans[*cell];
+    *first = (unsigned)(span >> 32);
+    *last = *first + (unsigned)(span & 0xffffffffu);
+    return *first != *last;
+}

@@ -158,16 +158,9 @@ __device__ __forceinline__ void m2l_rotated_block(
     constexpr int LEN = (P + 1) * (P + 2);
     // Outputs a thread adds up.
     constexpr int OWN = (LEN + M2L_ROTATED_THREADS - 1) / M2L_ROTATED_THREADS;
-    const unsigned t = blockIdx.x;
     const unsigned lane = threadIdx.x;
-    if (t >= count) {
-        return;
-    }
-    const unsigned cell = targets[t];
-    const unsigned long long span = spans[cell];
-    const unsigned first = (unsigned)(span >> 32);
-    const unsigned last = first + (unsigned)(span & 0xffffffffu);
-    if (first == last) {
+    unsigned cell, first, last;
+    if (!m2l_target(targets, count, spans, &cell, &first, &last)) {
         return;
     }
     const double tx = centre[3 * cell], ty = centre[3 * cell + 1], tz = centre[3 * cell + 2];

@@ -980,31 +980,29 @@ fn device_walk_gives_the_hosts_lists() {
                 },
                 "{kept} of {cells} kept {cache} entries"
             );
-            assert_eq!(
-                (&again.m2l_spans, &again.p2p_spans, &again.pairs),
-                (&w.m2l_spans, &w.p2p_spans, &w.pairs)
-            );
-            assert_eq!(
-                (&again.m2l_sources, &again.p2p_sources),
-                (&w.m2l_sources, &w.p2p_sources)
-            );
+            assert_same_walk(&again, &w);
         }
         let retried = emulated_walk(&tree, mac, chunk, (8, 16384), GPU_CACHE);
         assert_eq!(retried.problems, 0);
         assert!(retried.retried > 0, "no short ring filled up");
-        assert_eq!(
-            (&retried.m2l_spans, &retried.p2p_spans, &retried.pairs),
-            (&w.m2l_spans, &w.p2p_spans, &w.pairs)
-        );
-        assert_eq!(
-            (&retried.m2l_sources, &retried.p2p_sources),
-            (&w.m2l_sources, &w.p2p_sources)
-        );
+        assert_same_walk(&retried, &w);
         // With long rings of 8 too, the walk says so (the host then walks) instead of
         // writing past a ring or dropping sources silently.
         let small = emulated_walk(&tree, mac, chunk, (8, 8), GPU_CACHE);
         assert!(small.problems > 0, "no long ring filled up");
     }
+}
+
+/// Two emulated walks gave the same spans, pairs and lists.
+fn assert_same_walk(a: &EmulatedWalk, b: &EmulatedWalk) {
+    assert_eq!(
+        (&a.m2l_spans, &a.p2p_spans, &a.pairs),
+        (&b.m2l_spans, &b.p2p_spans, &b.pairs)
+    );
+    assert_eq!(
+        (&a.m2l_sources, &a.p2p_sources),
+        (&b.m2l_sources, &b.p2p_sources)
+    );
 }
 
 /// Every cell's M2L and P2P lists of an emulated device walk are those of `plan`.
