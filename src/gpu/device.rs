@@ -1799,7 +1799,7 @@ fn run_passes(
     let t = Instant::now();
     let cells32 = cells as u32;
     let (m2l, threads) = match plan.order {
-        p if p <= M2L_ROTATED_ORDER && !k.m2l_direct => {
+        p if (1..=M2L_ROTATED_ORDER).contains(&p) && !k.m2l_direct => {
             (&k.m2l_rotated[p - 1], M2L_ROTATED_THREADS)
         }
         p if p <= M2L_SMALL_ORDER => (&k.m2l_small, M2L_THREADS),
