@@ -47,6 +47,7 @@ inline std::barrier<>* block_barrier = nullptr;
 #define __forceinline__ inline
 #define __restrict__ __restrict
 #define __shared__ static
+#define __constant__ const
 
 inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
