@@ -125,6 +125,22 @@ for r in gpu100 cpu100; do
     f="$DIR/runs/$r/diagnostics.csv"
     [ -f "$f" ] && { echo "-- $r"; head -1 "$f" | cut -c1-240; tail -1 "$f" | cut -c1-240; }
 done
+echo "== summary: the last step of each resident N = $N2 run (seconds; particles per second of the force evaluation)"
+echo "run wall_force tree upward walk m2l downward p2p particles/s"
+for r in gpu_big gpu_big_direct $(for leaf in ${LEAF_SWEEP:-64 256}; do echo "gpu_big_leaf$leaf"; done); do
+    f="$DIR/runs/$r/diagnostics.csv"
+    [ -f "$f" ] && awk -F, -v run="$r" -v n="$N2" '
+        NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
+        { last = $0 }
+        END {
+            split(last, v, ",")
+            w = v[col["wall_force"]]
+            printf "%s %s %s %s %s %s %s %s %.3g\n", run, w, v[col["fmm_tree_s"]], v[col["fmm_upward_s"]],
+                v[col["fmm_traversal_s"]], v[col["fmm_m2l_s"]], v[col["fmm_downward_s"]],
+                v[col["fmm_p2p_s"]], (w > 0 ? n / w : 0)
+        }' "$f"
+done
+
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
     cp "$DIR/big.log" "$DIR/big_direct.log" "$DIR/gpu100.log" "$DIR"/big_leaf*.log "$OUT/" 2>/dev/null
     for r in gpu_big gpu_big_direct gpu100 cpu100 $(for leaf in ${LEAF_SWEEP:-64 256}; do echo "gpu_big_leaf$leaf"; done); do
