@@ -1501,7 +1501,7 @@ impl GpuFmm {
             let stride = count + 1;
             w.counts.room(&stream, 3 * stride)?;
             w.counts.zero(&stream, 3 * stride)?;
-            w.cache.room(&stream, count * WALK_CACHE)?;
+            w.cache.room(&stream, count * cache_room as usize)?;
             w.cache_len.room(&stream, count)?;
             let [deferred_0, deferred_1] = &mut w.deferred;
             let [spans_0, spans_1] = &mut w.deferred_spans;
