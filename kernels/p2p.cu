@@ -1,14 +1,17 @@
-// Near field (P2P): one block per target leaf. Source leaves of the target's P2P list are
-// staged tile by tile in shared memory, relative to the target leaf's centre in f32 (the
-// mixed-precision near field of design §5.7). Each thread owns up to P2P_MAX_TARGETS
-// targets at once: with a block of `width` threads, a leaf of at most k width targets
-// (k = 1, 2, 3) gives each thread k, a larger one four, and a leaf larger than 4 width is
-// taken in rounds. The GPU launches one warp per leaf, so most leaves (tens of particles)
-// keep their lanes busy, and a full leaf of 128 reads each staged source once for four
-// targets, in four independent chains of sums. A thread sums one tile in f32 for each of
-// its targets and adds the tile's sums into f64 accumulators: a fixed order, so the
-// results are the same bits on every run (no atomics). Zero separations (a particle with
-// itself) add nothing.
+// Near field (P2P): one block per target leaf. The particles of the source leaves of the
+// target's P2P list are staged tile by tile in shared memory, relative to the target leaf's
+// centre in f32 (the mixed-precision near field of design §5.7), packed: a tile holds
+// P2P_TILE sources from as many leaves of the list as it takes, so a tile is full whatever
+// the leaves' sizes. The block's lanes are split into G groups of L lanes: each lane owns T
+// targets of a round (L T targets a round), and the groups share out each tile's sources
+// (group g its segments g, g + G, ...). `p2p_shape` picks L and T by the leaf's size: a
+// leaf of 5 targets takes L = 2, T = 3 (16 groups of 2 lanes, each group a sixteenth of
+// the sources), so few lanes idle on small leaves, while a leaf of 96 on a warp takes
+// L = 32, T = 3 (each staged source used for three targets of every lane). A thread sums a
+// segment of up to P2P_RUN sources in f32 for each of its targets and adds those sums into
+// f64 accumulators, and the groups' f64 sums of a target are added in group order at the
+// end of the round: a fixed order, so the results are the same bits on every run (no
+// atomics). Zero separations (a particle with itself) add nothing.
 #include "common.cuh"
 
 // The pair families of the tile loop: the two softened ones of common.cuh, and Newtonian
@@ -23,15 +26,35 @@ struct PairSoftening {
     float h2;
 };
 
-// Largest block: the shared tile holds one source per thread.
-#define P2P_MAX_BLOCK 256
+// Largest block (a power of two): a block scans that many leaves of its list at once, and
+// the groups' sums of a round pass through shared memory, 4 values a thread.
+#define P2P_MAX_BLOCK 64
+// Sources a tile holds (a multiple of the block's width).
+#define P2P_TILE 256
 // Most targets a thread owns at once.
-#define P2P_MAX_TARGETS 4
+#define P2P_MAX_TARGETS 3
+// The sources of a tile in segments of P2P_RUN, or fewer when there are more groups than
+// P2P_TILE / P2P_RUN (so that every group has a segment): a group sums one segment at a
+// time in f32 (the rounding of the f32 sums stays that of a warp-wide tile) and adds the
+// sums into its f64 accumulators. In shared memory each segment is followed by one unused
+// slot, so that the groups' segments start on different banks (4 banks further each).
+#define P2P_RUN 32
+// Slots of the tile: a gap after each segment, of which a tile has at most one per thread.
+#define P2P_TILE_SLOTS (P2P_TILE + P2P_MAX_BLOCK)
 
-// Adds one staged tile's `n` sources (x, y, z relative to the leaf centre, mass) to the f32
-// sums of a thread's T targets. The pair family and T are template arguments, so the
-// inner loop carries no test of them; each source is one 16-byte shared-memory load, the
-// same for every thread of the warp (a broadcast), used for all T targets.
+// The block's shared memory: the staged tile, the scanned leaves of the list, and the
+// groups' sums at the end of a round.
+struct P2pShared {
+    float4* tile;       // P2P_TILE sources, in segments each followed by a gap
+    unsigned* start;    // width + 1: where each scanned leaf starts among the staged sources
+    unsigned* first;    // width: each scanned leaf's first particle
+    double* sums;       // 4 width: a round's sums, one target per thread
+};
+
+// Adds `n` staged sources (x, y, z relative to the leaf centre, mass) to the f32 sums of a
+// thread's T targets. The pair family and T are template arguments, so the inner loop
+// carries no test of them; each source is one 16-byte shared-memory load, the same for
+// every thread of a group (a broadcast), used for all T targets.
 //
 // A zero separation (the particle itself, or one at the same place) adds nothing, as in the
 // CPU's pair sums. Where the factors stay finite at r = 0 that is one select of the mass
@@ -87,24 +110,85 @@ __device__ __forceinline__ void add_tile(const float4* tile, unsigned n, const f
     }
 }
 
-// A leaf's targets in rounds of T width: in a round thread x owns targets round + x + t
-// width, t < T (those past t_end are computed at the centre and not written). Every thread
-// takes part in every round and every tile load, active or not.
+// Scans the leaves sources[chunk .. chunk + min(width, last - chunk)] of a list: on return
+// sh.first[j] is leaf j's first particle and sh.start[j] where its particles start among
+// the chunk's (sh.start[j] = the total for j past the chunk's leaves, and sh.start[width]);
+// returns the total. Every thread of the block takes part.
+__device__ __forceinline__ unsigned scan_leaves(const unsigned* __restrict__ leaf_begin,
+                                                const unsigned* __restrict__ leaf_end,
+                                                const unsigned* __restrict__ sources,
+                                                unsigned chunk, unsigned last,
+                                                const P2pShared& sh) {
+    const unsigned width = blockDim.x, lane = threadIdx.x;
+    unsigned len = 0, begin = 0;
+    if (chunk + lane < last) {
+        const unsigned src = sources[chunk + lane];
+        begin = leaf_begin[src];
+        len = leaf_end[src] - begin;
+    }
+    // Inclusive sums of the lengths (Hillis-Steele), in sh.start[1 ..].
+    __syncthreads();
+    sh.first[lane] = begin;
+    unsigned sum = len;
+    for (unsigned off = 1; off < width; off <<= 1) {
+        sh.start[lane + 1] = sum;
+        __syncthreads();
+        if (lane >= off) sum += sh.start[lane + 1 - off];
+        __syncthreads();
+    }
+    sh.start[lane + 1] = sum;
+    if (lane == 0) sh.start[0] = 0;
+    __syncthreads();
+    return sh.start[width];
+}
+
+// Stages the chunk's sources base .. base + n (n ≤ P2P_TILE) into sh.tile in segments of
+// 2^shift (source e at slot e + e / 2^shift), relative to (cx, cy, cz). Each thread finds
+// the leaf of each of its sources by a binary search of sh.start (the last leaf that starts
+// at or before it: empty leaves are skipped), so its loads are independent of one another.
+__device__ __forceinline__ void stage_tile(const double* __restrict__ pos,
+                                           const double* __restrict__ mass, unsigned base,
+                                           unsigned n, unsigned shift, double cx, double cy,
+                                           double cz, const P2pShared& sh) {
+    const unsigned width = blockDim.x;
+#pragma unroll 4
+    for (unsigned e = threadIdx.x; e < n; e += width) {
+        const unsigned at = base + e;
+        unsigned leaf = 0;
+        for (unsigned step = width >> 1; step > 0; step >>= 1) {
+            if (sh.start[leaf + step] <= at) leaf += step;
+        }
+        const unsigned j = sh.first[leaf] + (at - sh.start[leaf]);
+        sh.tile[e + (e >> shift)] =
+            make_float4((float)(pos[3 * j] - cx), (float)(pos[3 * j + 1] - cy),
+                        (float)(pos[3 * j + 2] - cz), (float)mass[j]);
+    }
+}
+
+// A leaf's targets in rounds of `lanes` T: in a round, thread x + g lanes (group g) owns
+// targets round + x + t lanes, t < T (those past t_end are computed at the centre and not
+// written), and sums the segments g, g + G, ... of every tile (G = width / lanes groups).
+// Every thread takes part in every round, tile load and barrier, active or not.
 template <int FAMILY, int T>
 __device__ __forceinline__ void p2p_targets(
     const double* __restrict__ pos, const double* __restrict__ mass,
     const unsigned* __restrict__ leaf_begin, const unsigned* __restrict__ leaf_end,
     const unsigned* __restrict__ sources, unsigned first, unsigned last, double cx, double cy,
-    double cz, unsigned t_begin, unsigned t_end, const PairSoftening& soft, double g,
-    float4* tile, double* __restrict__ acc, double* __restrict__ pot)
+    double cz, unsigned t_begin, unsigned t_end, unsigned lanes, const PairSoftening& soft,
+    double g, const P2pShared& sh, double* __restrict__ acc, double* __restrict__ pot)
 {
-    const unsigned width = blockDim.x;
-    for (unsigned round = t_begin; round < t_end; round += T * width) {
+    const unsigned width = blockDim.x, lane = threadIdx.x;
+    const unsigned groups = width / lanes, group = lane / lanes, x = lane - group * lanes;
+    // Segments of 2^shift sources: P2P_RUN, or less so that a tile has one for every group.
+    const unsigned segment = min((unsigned)P2P_RUN, (unsigned)P2P_TILE / groups);
+    unsigned shift = 0;
+    while ((1u << shift) < segment) ++shift;
+    for (unsigned round = t_begin; round < t_end; round += T * lanes) {
         float xi[T], yi[T], zi[T];
         double ax[T], ay[T], az[T], ph[T];
 #pragma unroll
         for (int t = 0; t < T; ++t) {
-            const unsigned i = round + threadIdx.x + t * width;
+            const unsigned i = round + x + t * lanes;
             xi[t] = 0.0f;
             yi[t] = 0.0f;
             zi[t] = 0.0f;
@@ -118,42 +202,57 @@ __device__ __forceinline__ void p2p_targets(
             az[t] = 0.0;
             ph[t] = 0.0;
         }
-        for (unsigned s = first; s < last; ++s) {
-            const unsigned src = sources[s];
-            const unsigned s_begin = leaf_begin[src];
-            const unsigned s_end = leaf_end[src];
-            for (unsigned base = s_begin; base < s_end; base += width) {
-                const unsigned j = base + threadIdx.x;
+        for (unsigned chunk = first; chunk < last; chunk += width) {
+            const unsigned total = scan_leaves(leaf_begin, leaf_end, sources, chunk, last, sh);
+            for (unsigned base = 0; base < total; base += P2P_TILE) {
+                const unsigned n = min((unsigned)P2P_TILE, total - base);
                 __syncthreads();
-                if (j < s_end) {
-                    tile[threadIdx.x] = make_float4((float)(pos[3 * j] - cx),
-                                                    (float)(pos[3 * j + 1] - cy),
-                                                    (float)(pos[3 * j + 2] - cz), (float)mass[j]);
-                }
+                stage_tile(pos, mass, base, n, shift, cx, cy, cz, sh);
                 __syncthreads();
-                const unsigned n = min(width, s_end - base);
-                float sx[T], sy[T], sz[T], sp[T];
+                for (unsigned seg = group; seg * segment < n; seg += groups) {
+                    float sx[T], sy[T], sz[T], sp[T];
 #pragma unroll
-                for (int t = 0; t < T; ++t) {
-                    sx[t] = 0.0f;
-                    sy[t] = 0.0f;
-                    sz[t] = 0.0f;
-                    sp[t] = 0.0f;
-                }
-                add_tile<FAMILY, T>(tile, n, xi, yi, zi, soft, sx, sy, sz, sp);
+                    for (int t = 0; t < T; ++t) {
+                        sx[t] = 0.0f;
+                        sy[t] = 0.0f;
+                        sz[t] = 0.0f;
+                        sp[t] = 0.0f;
+                    }
+                    add_tile<FAMILY, T>(sh.tile + seg * (segment + 1),
+                                        min(segment, n - seg * segment), xi, yi, zi, soft, sx,
+                                        sy, sz, sp);
 #pragma unroll
-                for (int t = 0; t < T; ++t) {
-                    ax[t] += sx[t];
-                    ay[t] += sy[t];
-                    az[t] += sz[t];
-                    ph[t] += sp[t];
+                    for (int t = 0; t < T; ++t) {
+                        ax[t] += sx[t];
+                        ay[t] += sy[t];
+                        az[t] += sz[t];
+                        ph[t] += sp[t];
+                    }
                 }
             }
         }
+        // Group 0 adds the other groups' sums of its targets, in group order, and writes.
 #pragma unroll
         for (int t = 0; t < T; ++t) {
-            const unsigned i = round + threadIdx.x + t * width;
-            if (i < t_end) {
+            const unsigned i = round + x + t * lanes;
+            if (groups > 1) {
+                __syncthreads();
+                sh.sums[lane] = ax[t];
+                sh.sums[width + lane] = ay[t];
+                sh.sums[2 * width + lane] = az[t];
+                sh.sums[3 * width + lane] = ph[t];
+                __syncthreads();
+                if (group == 0) {
+                    for (unsigned o = 1; o < groups; ++o) {
+                        const unsigned from = x + o * lanes;
+                        ax[t] += sh.sums[from];
+                        ay[t] += sh.sums[width + from];
+                        az[t] += sh.sums[2 * width + from];
+                        ph[t] += sh.sums[3 * width + from];
+                    }
+                }
+            }
+            if (group == 0 && i < t_end) {
                 acc[3 * i] += g * ax[t];
                 acc[3 * i + 1] += g * ay[t];
                 acc[3 * i + 2] += g * az[t];
@@ -163,34 +262,70 @@ __device__ __forceinline__ void p2p_targets(
     }
 }
 
-// The leaf's targets with as many per thread as its size needs (the same for the whole
-// block, so no thread waits for another's branch).
+// Instructions per pair of the tile loop at T targets a thread, x100 (the sm_90 SASS of the
+// Plummer loop: 19.5, 19.0 and 18.33 at one, two and three).
+__device__ __forceinline__ unsigned pair_cost(int t) {
+    return t == 1 ? 1950u : t == 2 ? 1900u : 1833u;
+}
+
+// The shape of a leaf of `targets` targets on a block of `width` threads (a power of two):
+// the lanes per group and the targets per thread whose rounds take the fewest instructions,
+// each round costing its pairs' (lanes T pair_cost(T) per source) and a weight of 3 per
+// source for staging the sources again (a round more reads every source again; the weight
+// keeps that to ~1.1-1.5x the reads of one round on the galaxy model's leaves). Ties go
+// to more lanes, then more targets a thread.
+__device__ __forceinline__ void p2p_shape(unsigned targets, unsigned width, unsigned* lanes,
+                                          int* per_thread) {
+    unsigned long long best = ~0ull;
+    *lanes = width;
+    *per_thread = 1;
+    for (unsigned l = width; l >= 1; l >>= 1) {
+        for (int t = P2P_MAX_TARGETS; t >= 1; --t) {
+            const unsigned long long rounds = (targets + l * t - 1) / (l * t);
+            const unsigned long long cost =
+                rounds * ((unsigned long long)l * t * pair_cost(t) + 300ull * width);
+            if (cost < best) {
+                best = cost;
+                *lanes = l;
+                *per_thread = t;
+            }
+        }
+    }
+}
+
+// The leaf's targets in the shape `p2p_shape` picks (the same for the whole block, so no
+// thread waits for another's branch).
 template <int FAMILY>
 __device__ __forceinline__ void p2p_sized(
     const double* __restrict__ pos, const double* __restrict__ mass,
     const unsigned* __restrict__ leaf_begin, const unsigned* __restrict__ leaf_end,
     const unsigned* __restrict__ sources, unsigned first, unsigned last, double cx, double cy,
     double cz, unsigned t_begin, unsigned t_end, const PairSoftening& soft, double g,
-    float4* tile, double* __restrict__ acc, double* __restrict__ pot)
+    const P2pShared& sh, double* __restrict__ acc, double* __restrict__ pot)
 {
-    const unsigned targets = t_end - t_begin, width = blockDim.x;
-    if (targets <= width) {
+    unsigned lanes;
+    int per_thread;
+    p2p_shape(t_end - t_begin, blockDim.x, &lanes, &per_thread);
+    if (per_thread == 1) {
         p2p_targets<FAMILY, 1>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
-                               cz, t_begin, t_end, soft, g, tile, acc, pot);
-    } else if (targets <= 2 * width) {
+                               cz, t_begin, t_end, lanes, soft, g, sh, acc, pot);
+    } else if (per_thread == 2) {
         p2p_targets<FAMILY, 2>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
-                               cz, t_begin, t_end, soft, g, tile, acc, pot);
-    } else if (targets <= 3 * width) {
+                               cz, t_begin, t_end, lanes, soft, g, sh, acc, pot);
+    } else if (per_thread == 3) {
         p2p_targets<FAMILY, 3>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
-                               cz, t_begin, t_end, soft, g, tile, acc, pot);
+                               cz, t_begin, t_end, lanes, soft, g, sh, acc, pot);
     } else {
         p2p_targets<FAMILY, P2P_MAX_TARGETS>(pos, mass, leaf_begin, leaf_end, sources, first,
-                                             last, cx, cy, cz, t_begin, t_end, soft, g,
-                                             tile, acc, pot);
+                                             last, cx, cy, cz, t_begin, t_end, lanes, soft, g,
+                                             sh, acc, pot);
     }
 }
 
-extern "C" __global__ void p2p_leaves(
+// The launch bounds hold ptxas to 96 registers (65536 / (10 P2P_MAX_BLOCK)), without
+// spills: 21 blocks of a warp per SM. Left to itself it takes 119 for the three-target
+// loop (17 blocks).
+extern "C" __global__ void __launch_bounds__(P2P_MAX_BLOCK, 10) p2p_leaves(
     const double* __restrict__ pos,        // 3 per particle, sorted by leaf
     const double* __restrict__ mass,       // per particle
     const unsigned* __restrict__ leaf_begin,  // per leaf: first particle
@@ -203,7 +338,11 @@ extern "C" __global__ void p2p_leaves(
     double* __restrict__ acc,   // 3 per particle (+=)
     double* __restrict__ pot)   // per particle (+=)
 {
-    __shared__ float4 tile[P2P_MAX_BLOCK];
+    __shared__ float4 tile[P2P_TILE_SLOTS];
+    __shared__ unsigned start[P2P_MAX_BLOCK + 1];
+    __shared__ unsigned first_particle[P2P_MAX_BLOCK];
+    __shared__ double sums[4 * P2P_MAX_BLOCK];
+    const P2pShared sh = {tile, start, first_particle, sums};
     const unsigned leaf = targets[blockIdx.x];
     const unsigned t_begin = leaf_begin[leaf];
     const unsigned t_end = leaf_end[leaf];
@@ -218,12 +357,12 @@ extern "C" __global__ void p2p_leaves(
     const PairSoftening soft = {eps2, h, 1.0f / h, h * h};
     if (kernel == LEAPFMM_SPLINE && h > 0.0f) {
         p2p_sized<LEAPFMM_SPLINE>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx,
-                                  cy, cz, t_begin, t_end, soft, g, tile, acc, pot);
+                                  cy, cz, t_begin, t_end, soft, g, sh, acc, pot);
     } else if (kernel == LEAPFMM_PLUMMER && eps2 > 0.0f) {
         p2p_sized<LEAPFMM_PLUMMER>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx,
-                                   cy, cz, t_begin, t_end, soft, g, tile, acc, pot);
+                                   cy, cz, t_begin, t_end, soft, g, sh, acc, pot);
     } else {
         p2p_sized<P2P_NEWTONIAN>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx, cy,
-                                 cz, t_begin, t_end, soft, g, tile, acc, pot);
+                                 cz, t_begin, t_end, soft, g, sh, acc, pot);
     }
 }

@@ -144,15 +144,22 @@ fn leaves(sizes: &[usize], seed: u64) -> Leaves {
     l
 }
 
-/// The P2P launch's input for every leaf as a target, leaf t with the sources 0..=t; the
-/// targets' pieces of the source list lie in reverse order, as a walk's threads may leave
-/// them.
+/// The source leaves of target leaf t in `p2p_input`: itself and three in four of the
+/// leaves before it, so that a list's leaves are not one run of particles.
+fn p2p_sources_of(t: u32) -> impl Iterator<Item = u32> {
+    (0..=t).filter(move |&k| k == t || !(7 * k + t).is_multiple_of(4))
+}
+
+/// The P2P launch's input for every leaf as a target, leaf t with the sources
+/// `p2p_sources_of(t)`; the targets' pieces of the source list lie in reverse order, as a
+/// walk's threads may leave them.
 fn p2p_input(l: &Leaves, softening: Softening, block: u32, g: f64) -> Vec<u8> {
     let nl = l.begin.len() as u32;
     let (mut list, mut spans) = (Vec::new(), vec![0u64; nl as usize]);
     for t in (0..nl).rev() {
-        spans[t as usize] = pack(list.len() as u32, t + 1);
-        list.extend(0..=t);
+        let start = list.len() as u32;
+        list.extend(p2p_sources_of(t));
+        spans[t as usize] = pack(start, list.len() as u32 - start);
     }
     let mut b = Vec::new();
     let u32s = |b: &mut Vec<u8>, v: &[u32]| v.iter().for_each(|x| b.extend(x.to_le_bytes()));
@@ -186,11 +193,16 @@ fn p2p_input(l: &Leaves, softening: Softening, block: u32, g: f64) -> Vec<u8> {
 
 #[test]
 fn p2p_kernel_matches_the_cpu_pair_sums() {
-    // A leaf of 0 (empty), 1, 37 (partial tile), 64 (exactly one tile of 64), 65, 200 and
-    // 128 particles. With blocks of 64 threads: one target a thread (37, 64), two (65, 128)
-    // and four (200); with the GPU's 32: two (37, 64), three (65), four (128), and 200 in two
-    // rounds of four.
-    let sizes = [0, 1, 37, 64, 65, 200, 128];
+    // Leaves of 0 (empty), 1, 37, 64, 65, 200 and 128 particles, then 60 small ones (0 to
+    // 12 particles, empty ones among them) and 17, 40, 100 and 3: every target shape of
+    // `p2p_shape` on blocks of 32 and 64 (one to 64 groups; 200 and 100 in several rounds),
+    // tiles packed from many leaves, and lists of up to 71 leaves, longer than a block
+    // scans at once (`p2p_sources_of`).
+    let sizes: Vec<usize> = [0, 1, 37, 64, 65, 200, 128]
+        .into_iter()
+        .chain((0..60).map(|k| (k * 5) % 13))
+        .chain([17, 40, 100, 3])
+        .collect();
     let mut l = leaves(&sizes, 11);
     // Two particles at the same place in one leaf, and two in different leaves: they must
     // not feel each other, as on the CPU (the kernel masks zero separations).
@@ -226,12 +238,14 @@ fn p2p_kernel_matches_the_cpu_pair_sums() {
         let mut regions = [0usize; 3];
         for i in 0..n {
             // The CPU backend's pair function in f64 over every other particle of the leaves
-            // up to i's own.
+            // of i's leaf's list.
             let leaf = (0..sizes.len())
                 .find(|&t| (l.begin[t] as usize..l.end[t] as usize).contains(&i))
                 .unwrap();
             let (mut a, mut p) = ([0.0f64; 3], 0.0);
-            for j in 0..l.end[leaf] as usize {
+            let sources = p2p_sources_of(leaf as u32)
+                .flat_map(|s| l.begin[s as usize] as usize..l.end[s as usize] as usize);
+            for j in sources {
                 let d: [f64; 3] = std::array::from_fn(|k| l.pos[j][k] - l.pos[i][k]);
                 let r2 = d[0] * d[0] + d[1] * d[1] + d[2] * d[2];
                 if r2 > 0.0 {

@@ -41,6 +41,10 @@ fn kernel_signatures(root: &Path) -> HashMap<String, Vec<Param>> {
         let mut rest = text.as_str();
         while let Some(at) = rest.find("extern \"C\" __global__ void ") {
             rest = &rest[at + "extern \"C\" __global__ void ".len()..];
+            // Launch bounds, if any, come before the name.
+            if let Some(bounds) = rest.strip_prefix("__launch_bounds__(") {
+                rest = &bounds[bounds.find(')').unwrap() + 1..];
+            }
             let open = rest.find('(').unwrap();
             let close = rest.find(')').unwrap();
             let name = rest[..open].trim().to_string();

@@ -48,6 +48,8 @@ inline std::barrier<>* block_barrier = nullptr;
 #define __restrict__ __restrict
 #define __shared__ static
 #define __constant__ const
+// Register limits are the GPU compiler's business.
+#define __launch_bounds__(...)
 
 inline void __syncthreads() { emu::block_barrier->arrive_and_wait(); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }

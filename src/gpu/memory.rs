@@ -23,9 +23,9 @@ pub const RESIDENT_BUFFERS: usize = 7;
 /// two ≤ MAX_ACC_BLOCK in integrate.cu).
 pub const THREADS_PER_BLOCK: u32 = 128;
 
-/// Threads of a P2P block, one block per target leaf (≤ P2P_MAX_BLOCK in p2p.cu): one warp,
-/// so that the lanes of a leaf of tens of particles are busy (a larger leaf gives each thread
-/// up to 4 targets).
+/// Threads of a P2P block, one block per target leaf (a power of two ≤ P2P_MAX_BLOCK in
+/// p2p.cu): one warp, split into groups by the leaf's size so that the lanes of a leaf of a
+/// few particles are busy too (p2p.cu: `p2p_shape`).
 pub const P2P_THREADS: u32 = 32;
 
 /// Threads of a P2M, M2M or L2L block, one block per cell (`TRANSLATE_THREADS` in

@@ -161,6 +161,7 @@ mod tests {
         );
         assert!(
             u64::from(crate::gpu::memory::P2P_THREADS) <= define::<u64>("p2p.cu", "P2P_MAX_BLOCK")
+                && crate::gpu::memory::P2P_THREADS.is_power_of_two()
         );
         assert_eq!(
             crate::gpu::memory::M2L_SMALL_ORDER as u64,
