@@ -8,7 +8,11 @@
 // children in their place when it meets itself).
 //
 // One thread per target, run twice per level: a counting pass, then (after the prefix sums
-// of the counts) a writing pass that writes at the offsets. The counting pass keeps each
+// of the counts) a writing pass that writes at the offsets. A target's walk is a chain of
+// decisions, one per candidate source (a handed one or an opened one), and the longest
+// chain of a level sets its time (on disk-in-halo at 1e7, up to ~750 candidates for a
+// target against a mean of ~170): each candidate's values are loaded together and one
+// candidate ahead (`WalkCell`), while the one before is decided. The counting pass keeps each
 // target's entries (up to a number the host picks), so the writing pass only copies them;
 // a target with more walks again, repeating the decisions.
 //
@@ -68,15 +72,31 @@ __device__ __forceinline__ long long total_order(double x) {
     return bits ^ (long long)(((unsigned long long)(bits >> 63)) >> 1);
 }
 
+// A cell of the own tree with what the walk's decisions read of it: its ball, children
+// (count and first) and particles (begin, end). A candidate source's values are loaded
+// together, one candidate ahead of their use, so that a target's walk waits on memory once
+// per candidate at most, not on a chain of loads (index, then ball, then children, ...).
+struct WalkCell {
+    unsigned index;
+    CellBall ball;
+    unsigned children, first_child, begin, end;
+};
+
+__device__ __forceinline__ WalkCell walk_cell(const double* m, const unsigned* begin,
+                                              const unsigned* end, const unsigned* first_child,
+                                              const unsigned* child_count, unsigned c) {
+    return WalkCell{c, cell_ball(m, c), child_count[c], first_child[c], begin[c], end[c]};
+}
+
 // traversal.rs: open_second for two cells of the own tree.
-__device__ __forceinline__ bool open_second(const double* m, const unsigned* child_count,
-                                            unsigned a, unsigned b) {
-    if (child_count[a] == 0) return true;
-    if (child_count[b] == 0) return false;
-    long long x = total_order(CELL_R_MAX(m, b)), y = total_order(CELL_R_MAX(m, a));
+__device__ __forceinline__ bool open_second(const WalkCell& a, const WalkCell& b) {
+    if (a.children == 0) return true;
+    if (b.children == 0) return false;
+    long long x = total_order(b.ball.r), y = total_order(a.ball.r);
+    const double bc[3] = {b.ball.x, b.ball.y, b.ball.z}, ac[3] = {a.ball.x, a.ball.y, a.ball.z};
     for (int k = 0; k < 3 && x == y; ++k) {
-        x = total_order(CELL_CENTRE(m, b, k));
-        y = total_order(CELL_CENTRE(m, a, k));
+        x = total_order(bc[k]);
+        y = total_order(ac[k]);
     }
     return x > y;
 }
@@ -196,34 +216,36 @@ extern "C" __global__ void walk_level(
         deferred.out = deferred_out + counts[2 * stride + k];
     }
     // The target's own values, read once rather than at every decision.
-    const CellBall t_ball = cell_ball(moments, t);
-    const unsigned t_begin = begin[t];
-    const bool t_leaf = child_count[t] == 0;
-    const unsigned t_first = first_child[t], t_children = child_count[t];
-    const unsigned long long t_count = end[t] - t_begin;
+    auto cell = [&](unsigned c) {
+        return walk_cell(moments, begin, end, first_child, child_count, c);
+    };
+    const WalkCell target = cell(t);
+    const bool t_leaf = target.children == 0;
+    const unsigned long long t_count = target.end - target.begin;
     unsigned long long near_pairs = 0;
     bool split_self = false, children_placed = false, full = false;
     unsigned next_handed = 0, head = 0, tail = 0;
+    // The next handed source and the next opened one (the ring's head), loaded ahead, and
+    // the index of the handed source after that.
+    WalkCell handed_next = target, opened_next = target;
+    if (from_len > 0) handed_next = cell(from ? from[0] : 0u);
+    unsigned handed_after = from_len > 1 ? from[1] : 0u;
     while (!full) {
-        unsigned s;
         const bool have_handed = next_handed < from_len, have_opened = head < tail;
-        if (have_handed && have_opened) {
-            const unsigned h = from ? from[next_handed] : 0u, o = ring_of_t[head & mask];
-            if (o < h) {
-                s = o;
-                ++head;
-            } else {
-                s = h;
-                ++next_handed;
-            }
+        WalkCell source;
+        if (have_opened && (!have_handed || opened_next.index < handed_next.index)) {
+            source = opened_next;
+            ++head;
+            if (head < tail) opened_next = cell(ring_of_t[head & mask]);
         } else if (have_handed) {
-            s = from ? from[next_handed] : 0u;
+            source = handed_next;
             ++next_handed;
-        } else if (have_opened) {
-            s = ring_of_t[head++ & mask];
+            if (next_handed < from_len) handed_next = cell(handed_after);
+            if (next_handed + 1 < from_len) handed_after = from[next_handed + 1];
         } else {
             break;
         }
+        const unsigned s = source.index;
         if (s == t) {
             if (t_leaf) {
                 put(p2p, WALK_P2P, t);
@@ -233,20 +255,20 @@ extern "C" __global__ void walk_level(
             }
             continue;
         }
-        if (mac_accepts(t_ball, cell_ball(moments, s), theta, support)) {
+        if (mac_accepts(target.ball, source.ball, theta, support)) {
             put(m2l, WALK_M2L, s);
             continue;
         }
-        const bool s_leaf = child_count[s] == 0;
-        if (t_leaf && s_leaf) {
+        if (t_leaf && source.children == 0) {
             put(p2p, WALK_P2P, s);
-            near_pairs += t_count * (unsigned long long)(end[s] - begin[s]);
+            near_pairs += t_count * (unsigned long long)(source.end - source.begin);
             continue;
         }
-        const bool opens_source = t_begin < begin[s] ? open_second(moments, child_count, t, s)
-                                                      : !open_second(moments, child_count, s, t);
+        const bool opens_source = target.begin < source.begin ? open_second(target, source)
+                                                              : !open_second(source, target);
         if (opens_source) {
-            const unsigned c0 = first_child[s], c1 = c0 + child_count[s];
+            const unsigned c0 = source.first_child, c1 = c0 + source.children;
+            const bool was_empty = head == tail;
             for (unsigned c = c0; c < c1; ++c) {
                 if (tail - head == queue) {
                     full = true;
@@ -254,11 +276,14 @@ extern "C" __global__ void walk_level(
                 }
                 ring_of_t[tail++ & mask] = c;
             }
+            // An empty ring's new head is the first child: no need to read it back.
+            if (was_empty && head < tail) opened_next = cell(c0);
         } else {
             // The target's own children go where the host's partition point puts them:
             // before the first deferred source at or past them.
-            if (split_self && !children_placed && s >= t_first) {
-                for (unsigned c = t_first; c < t_first + t_children; ++c) {
+            if (split_self && !children_placed && s >= target.first_child) {
+                for (unsigned c = target.first_child; c < target.first_child + target.children;
+                     ++c) {
                     put(deferred, WALK_DEFERRED, c);
                 }
                 children_placed = true;
@@ -272,7 +297,7 @@ extern "C" __global__ void walk_level(
         return;
     }
     if (split_self && !children_placed) {
-        for (unsigned c = t_first; c < t_first + t_children; ++c) {
+        for (unsigned c = target.first_child; c < target.first_child + target.children; ++c) {
             put(deferred, WALK_DEFERRED, c);
         }
     }

@@ -24,8 +24,9 @@ pub const OFFSETS_THREADS: u32 = 1024;
 /// particles going up their ancestors together.
 pub const ANCESTOR_THREADS: u32 = 256;
 /// Targets of one `walk_level` launch over a level's cells: each thread has a ring of
-/// `WALK_SHORT_QUEUE` opened sources (walk.cu). Enough threads to fill an H200 (132 SMs of
-/// 6 blocks of 128 at the kernel's 78 registers): the walk is latency-bound.
+/// `WALK_SHORT_QUEUE` opened sources (walk.cu). More threads than an H200 holds at once
+/// (132 SMs of 4 blocks of 128 at the kernel's 116 registers), and more than the largest
+/// level of disk-in-halo at 1e7 (~50000 cells): the walk is latency-bound.
 pub const WALK_CHUNK: usize = 131_072;
 /// Entries of the ring of a target in a launch over a level's cells. A target that needs
 /// more is launched again with `WALK_QUEUE` (1024 was too few for 18 targets of the Milky
