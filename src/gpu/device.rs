@@ -471,6 +471,8 @@ struct WalkBuffers {
     deferred: [Reused<u32>; 2],
     deferred_spans: [Reused<u64>; 2],
     counts: Reused<u32>,
+    /// A level's three list totals, gathered from `counts` for one download.
+    totals: Reused<u32>,
     pairs: Reused<u64>,
     ring: Reused<u32>,
     /// The entries a level's counting pass keeps, `WALK_CACHE` per target, and how many
@@ -495,6 +497,7 @@ impl WalkBuffers {
             deferred: [Reused::new(stream, cells)?, Reused::new(stream, cells)?],
             deferred_spans: [Reused::new(stream, cells)?, Reused::new(stream, cells)?],
             counts: Reused::new(stream, 3 * (cells + 1))?,
+            totals: Reused::new(stream, 3)?,
             pairs: Reused::new(stream, cells)?,
             ring: Reused::new(stream, WALK_RING_BYTES / 4)?,
             cache: Reused::new(stream, 0)?,
@@ -1550,11 +1553,16 @@ impl GpuFmm {
                             })
                         }?;
                     }
-                    let total = |list: usize| -> Result<usize, GpuError> {
+                    // The three totals in one download: one wait for the device, not three.
+                    for list in 0..3 {
                         let at = list * stride + count;
-                        Ok(stream.clone_dtoh(&w.counts.buf.slice(at..at + 1))?[0] as usize)
-                    };
-                    let (m2l, p2p, deferred) = (total(0)?, total(1)?, total(2)?);
+                        stream.memcpy_dtod(
+                            &w.counts.buf.slice(at..at + 1),
+                            &mut w.totals.buf.slice_mut(list..list + 1),
+                        )?;
+                    }
+                    let totals = stream.clone_dtoh(&w.totals.buf.slice(0..3))?;
+                    let [m2l, p2p, deferred] = [0, 1, 2].map(|list| totals[list] as usize);
                     if m2l_total + m2l > u32::MAX as usize || p2p_total + p2p > u32::MAX as usize {
                         return Err(GpuError::Unsupported(
                             "more list entries than 32-bit offsets reach".into(),
