@@ -126,10 +126,12 @@ struct Precomputed {
 }
 
 impl DeviceTree for Precomputed {
-    fn cell_moments(
+    fn cell_moments(&mut self, _tree: &Tree, _reordered: bool) -> Result<(), GravityError> {
+        Ok(())
+    }
+
+    fn download_moments(
         &mut self,
-        _tree: &Tree,
-        _reordered: bool,
         out: &mut Vec<[f64; MOMENT_VALUES]>,
     ) -> Result<(), GravityError> {
         out.clone_from(&self.moments);

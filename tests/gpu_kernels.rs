@@ -566,15 +566,20 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
         reordered: Vec::new(),
         walk: false,
         walked: None,
+        moments: Vec::new(),
+        downloads: 0,
     };
     let stats = a
         .plan_sorted(&mut keys_only, &id, Some(&mut device))
         .unwrap();
     assert_eq!(device.reordered, [true], "one call, told of the reordering");
+    // The host walked, so it took the device's moments.
+    assert_eq!(device.downloads, 1);
     let (pa, pb) = (a.device_plan().unwrap(), b.device_plan().unwrap());
     assert!(pa.pos.is_empty() && pa.mass.is_empty() && pa.leaf_of.is_empty());
     assert_eq!(pa.particles(), n);
     assert_eq!(pa.order_of, pb.order_of);
+    assert!(!pa.moments_on_device);
     assert_eq!(pa.centre, pb.centre);
     assert_same_lists(&pa, &pb);
     assert_eq!(stats.caps, b.caps().unwrap());
@@ -599,12 +604,20 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
         (lists.m2l, lists.p2p)
     );
     assert_eq!(pa.p2p_interactions(), pb.p2p_interactions());
-    assert_eq!(pa.centre, pb.centre);
+    // The device walked, so its moments stayed there: the host's are its own.
+    assert_eq!(device.downloads, 1);
+    assert!(pa.moments_on_device);
+    assert_eq!(centres(&device.moments), pb.centre);
     assert_walked_lists_are_the_plans(&walked, &pb);
     // A mass that is not finite shows in the extremes' flag.
     let mut bad = mass.clone();
     bad[8999] = f64::NAN;
     assert_eq!(bounds_of(5, &bad), None);
+}
+
+/// The centres among cells' moments (mass, centre, r_max each).
+fn centres(moments: &[[f64; 5]]) -> Vec<[f64; 3]> {
+    moments.iter().map(|m| [m[1], m[2], m[3]]).collect()
 }
 
 /// A device that holds the particles, under the emulation: the cells' moments from
@@ -622,6 +635,9 @@ struct EmulatedDevice<'a> {
     /// Whether to walk too (kernels/walk.cu under the emulation), and the lists it made.
     walk: bool,
     walked: Option<EmulatedWalk>,
+    /// The last moments computed, and how many times the host asked for them.
+    moments: Vec<[f64; 5]>,
+    downloads: usize,
 }
 
 impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
@@ -629,7 +645,6 @@ impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
         &mut self,
         tree: &leapfmm::fmm::tree::Tree,
         reordered: bool,
-        out: &mut Vec<[f64; 5]>,
     ) -> Result<(), leapfmm::gravity::GravityError> {
         self.reordered.push(reordered);
         let order = if reordered {
@@ -639,7 +654,16 @@ impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
         };
         let pos: Vec<[f64; 3]> = order.iter().map(|&i| self.pos[i as usize]).collect();
         let mass: Vec<f64> = order.iter().map(|&i| self.mass[i as usize]).collect();
-        *out = emulated_moments(tree, &pos, &mass, 64).1;
+        self.moments = emulated_moments(tree, &pos, &mass, 64).1;
+        Ok(())
+    }
+
+    fn download_moments(
+        &mut self,
+        out: &mut Vec<[f64; 5]>,
+    ) -> Result<(), leapfmm::gravity::GravityError> {
+        self.downloads += 1;
+        out.clone_from(&self.moments);
         Ok(())
     }
 
@@ -652,7 +676,8 @@ impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
         if !self.walk {
             return Ok(None);
         }
-        let w = emulated_walk(tree, mac, 4096, GPU_RINGS, GPU_CACHE);
+        // The device's own moments: the host's tree holds none once the device walks.
+        let w = emulated_walk_with(tree, &self.moments, mac, 4096, GPU_RINGS, GPU_CACHE);
         assert_eq!(w.problems, 0);
         let lists = leapfmm::fmm::solver::DeviceLists {
             m2l: w.m2l_sources.len(),
@@ -1074,6 +1099,19 @@ fn emulated_walk(
     rings: (u32, u32),
     cache: u32,
 ) -> EmulatedWalk {
+    emulated_walk_with(tree, &tree.moments(), mac, chunk, rings, cache)
+}
+
+/// `emulated_walk` with the cells' `moments` (mass, centre, r_max each) given apart from
+/// the tree's cells, as a device that computed them holds them.
+fn emulated_walk_with(
+    tree: &leapfmm::fmm::tree::Tree,
+    moments: &[[f64; 5]],
+    mac: leapfmm::fmm::traversal::Mac,
+    chunk: u32,
+    rings: (u32, u32),
+    cache: u32,
+) -> EmulatedWalk {
     let cells = tree.cells.len();
     let mut b = Vec::new();
     let levels = tree.depth();
@@ -1091,7 +1129,8 @@ fn emulated_walk(
         ],
     );
     f64_bytes(&mut b, [mac.theta, mac.support]);
-    f64_bytes(&mut b, tree.moments().into_iter().flatten());
+    assert_eq!(moments.len(), cells);
+    f64_bytes(&mut b, moments.iter().flatten().copied());
     tree_bytes(&mut b, tree);
     let out = run(&harness(), "walk", &b);
     let word = |i: usize| u32::from_le_bytes(out[4 * i..4 * i + 4].try_into().unwrap());
@@ -2087,6 +2126,8 @@ fn a_plan_from_the_devices_split_is_the_hosts_plan() {
         reordered: Vec::new(),
         walk: true,
         walked: None,
+        moments: Vec::new(),
+        downloads: 0,
     };
     let stats = a.plan_split(&id, &mut device).unwrap();
     assert!(stats.retries >= 2, "{} retries", stats.retries);
@@ -2096,7 +2137,10 @@ fn a_plan_from_the_devices_split_is_the_hosts_plan() {
     assert!(pa.order_of.is_empty() && pa.pos.is_empty() && pa.leaf_of.is_empty());
     assert_eq!(pb.order_of, index.as_slice());
     assert_eq!(pa.particles(), n);
-    assert_eq!(pa.centre, pb.centre);
+    // The device walked: its moments stayed there, and are the host's.
+    assert_eq!(device.downloads, 0);
+    assert!(pa.moments_on_device);
+    assert_eq!(centres(&device.moments), pb.centre);
     assert_eq!((&pa.begin, &pa.end), (&pb.begin, &pb.end));
     assert_eq!((&pa.first_child, &pa.parent), (&pb.first_child, &pb.parent));
     assert_eq!(pa.leaves, pb.leaves);

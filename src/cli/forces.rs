@@ -539,7 +539,8 @@ fn device_tree_order(
         }
         tree.compute_moments();
         let start = Instant::now();
-        gpu.cell_moments(&state, &tree, reordered, &mut moments)?;
+        gpu.cell_moments(&state, &tree, reordered)?;
+        gpu.download_moments(&mut moments)?;
         let secs = start.elapsed().as_secs_f64();
         let host = tree.moments();
         let differ = moments

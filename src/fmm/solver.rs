@@ -236,17 +236,17 @@ impl PairList {
 /// computes the cells' moments there, may walk the tree there too, and for `plan_split`
 /// splits the particles into the cells.
 pub trait DeviceTree {
-    /// Mass, centre and r_max of every cell of `tree` (its cells built, its `order` final)
-    /// into `out`, in cell order: what `Tree::compute_moments` would give, bit for bit.
-    /// `reordered`: the tree's order differs from the one the sorter handed over
-    /// (`Tree::adopt_sorted` reordered equal keys), so the particles must first be put into
-    /// `tree.order`.
-    fn cell_moments(
-        &mut self,
-        tree: &Tree,
-        reordered: bool,
-        out: &mut Vec<[f64; MOMENT_VALUES]>,
-    ) -> Result<(), GravityError>;
+    /// Computes the mass, centre and r_max of every cell of `tree` (its cells built, its
+    /// `order` final) there, for its `walk` and passes: what `Tree::compute_moments` would
+    /// give, bit for bit. `reordered`: the tree's order differs from the one the sorter
+    /// handed over (`Tree::adopt_sorted` reordered equal keys), so the particles must first
+    /// be put into `tree.order`.
+    fn cell_moments(&mut self, tree: &Tree, reordered: bool) -> Result<(), GravityError>;
+
+    /// The moments the last `cell_moments` computed, into `out` in cell order (asked only
+    /// when the host needs them: for its own walk, or its own upward pass).
+    fn download_moments(&mut self, out: &mut Vec<[f64; MOMENT_VALUES]>)
+    -> Result<(), GravityError>;
 
     /// Walks `tree` (its moments set) with `mac`, every own cell a target, and keeps the
     /// lists where the tree is (the ones `traversal::walk` makes, for passes run there);
@@ -354,6 +354,9 @@ pub struct FmmSolver {
     /// The last evaluation's lists when a `DeviceTree` walked and keeps them (`m2l` and
     /// `p2p` are then empty).
     device_lists: Option<DeviceLists>,
+    /// Set when the last plan's cell moments stayed with its `DeviceTree` (which walked):
+    /// the tree's cells here hold none.
+    moments_on_device: bool,
 }
 
 impl FmmSolver {
@@ -387,6 +390,7 @@ impl FmmSolver {
             pot: Vec::new(),
             moments_scratch: Vec::new(),
             device_lists: None,
+            moments_on_device: false,
         }
     }
 
@@ -580,6 +584,21 @@ impl FmmSolver {
         Ok(stats)
     }
 
+    /// The cells' moments `device` computed for the tree, set on the tree here.
+    fn fetch_moments(&mut self, device: &mut dyn DeviceTree) -> Result<(), GravityError> {
+        let mut moments = std::mem::take(&mut self.moments_scratch);
+        let fetched = device.download_moments(&mut moments);
+        let set = fetched.and_then(|()| {
+            self.tree
+                .set_moments(&moments)
+                .map_err(|e| GravityError::Device(e.to_string()))
+        });
+        self.moments_scratch = moments;
+        set?;
+        self.moments_on_device = false;
+        Ok(())
+    }
+
     /// Builds the tree (with multipoles when `host_upward`, which an exchange with other
     /// ranks needs), imports the other ranks' trees from `with.remote`, and walks the lists
     /// for the cells holding `with.active` particles, growing the caps and retrying until
@@ -657,14 +676,17 @@ impl FmmSolver {
             self.targets = self.tree.cells_holding(active);
         }
         let t0 = Instant::now();
+        // Moments a device computed come here only when the host needs them: for its own
+        // upward pass or walk, or an exchange with other ranks.
+        self.moments_on_device = false;
         if n > 0 {
             match device_tree.as_mut() {
                 Some(device) => {
-                    let mut moments = std::mem::take(&mut self.moments_scratch);
-                    device.cell_moments(&self.tree, reordered, &mut moments)?;
-                    let set = self.tree.set_moments(&moments);
-                    self.moments_scratch = moments;
-                    set.map_err(|e| GravityError::Device(e.to_string()))?;
+                    device.cell_moments(&self.tree, reordered)?;
+                    self.moments_on_device = true;
+                    if host_upward || remote.is_some() {
+                        self.fetch_moments(&mut **device)?;
+                    }
                 }
                 None => self.tree.compute_moments(),
             }
@@ -726,6 +748,9 @@ impl FmmSolver {
                 };
                 return Ok(());
             }
+        }
+        if let (Some(device), true) = (device_tree.as_mut(), self.moments_on_device) {
+            self.fetch_moments(&mut **device)?;
         }
         let walked = loop {
             let caps = self.tracker.caps();
@@ -1068,8 +1093,12 @@ pub struct DevicePlan<'a> {
     pub upward_on_device: bool,
     /// Tree order → the caller's index (own particles).
     pub order_of: &'a [u32],
-    /// Expansion centre of each cell (own and received).
+    /// Expansion centre of each cell (own and received); zeros when `moments_on_device`.
     pub centre: Vec<[f64; 3]>,
+    /// Set when the cells' moments stayed on the device that computed them and walked the
+    /// tree (`DeviceTree::cell_moments`): its centres are the ones to use, `centre` holds
+    /// none.
+    pub moments_on_device: bool,
     /// First particle of each cell.
     pub begin: Vec<u32>,
     /// One past the last particle of each cell.
@@ -1186,7 +1215,12 @@ impl FmmSolver {
             multipoles: remote.then_some(self.multipoles.as_slice()),
             upward_on_device: !(remote && self.upward_on_host),
             order_of: &tree.order,
-            centre: all.par_iter().map(|c| c.centre).collect(),
+            centre: if self.moments_on_device {
+                vec![[0.0; 3]; all.len()]
+            } else {
+                all.par_iter().map(|c| c.centre).collect()
+            },
+            moments_on_device: self.moments_on_device,
             begin: all.par_iter().map(|c| c.begin).collect(),
             end: all.par_iter().map(|c| c.end).collect(),
             first_child: all.par_iter().map(|c| c.first_child).collect(),

@@ -98,6 +98,9 @@ pub struct GpuFmm {
     /// The number of cells whose columns the last `split_cells` left in the moments
     /// buffers (none since the last sort): `cell_moments` uses them instead of uploading.
     split: Option<usize>,
+    /// The number of cells whose moments the last `cell_moments` left in the moments
+    /// buffers (`download_moments`).
+    moments_of: Option<usize>,
     /// Kept between the LET payloads this device sends (`run_passes_with_payload`).
     payload: Option<PayloadBuffers>,
     /// NCCL to the other ranks' GPUs, when every rank has one (`connect_ranks`).
@@ -728,6 +731,7 @@ impl GpuFmm {
             moments: None,
             walking: None,
             split: None,
+            moments_of: None,
             payload: None,
             link: None,
             stage: HostStage::default(),
@@ -1066,6 +1070,7 @@ impl GpuFmm {
     /// caller names the particle from the host's copy).
     pub fn sort_resident(&mut self, state: &DeviceState) -> Result<Option<DeviceSort>, GpuError> {
         self.split = None;
+        self.moments_of = None;
         let (n, n32) = (state.n, state.n as u32);
         let stream = self.stream.clone();
         let s = match &mut self.sorting {
@@ -1350,17 +1355,18 @@ impl GpuFmm {
     }
 
     /// Mass, centre and r_max of every cell of `tree` (kernels/moments.cu: the values of
-    /// `Tree::compute_moments`, bit for bit) into `out`, from the particles the last
-    /// `sort_resident` of `state` left on the device in tree order; with `reordered` they
-    /// are first put into `tree.order` (the host reordered equal keys). Only the cells go
-    /// up (none when `split_cells` made them there) and their five values come back.
+    /// `Tree::compute_moments`, bit for bit), computed and kept on the device (for `walk`
+    /// and the passes; `download_moments` brings them to the host), from the particles the
+    /// last `sort_resident` of `state` left on the device in tree order; with `reordered`
+    /// they are first put into `tree.order` (the host reordered equal keys). Only the cells
+    /// go up, none when `split_cells` made them there.
     pub fn cell_moments(
         &mut self,
         state: &DeviceState,
         tree: &Tree,
         reordered: bool,
-        out: &mut Vec<[f64; MOMENT_VALUES]>,
     ) -> Result<(), GpuError> {
+        self.moments_of = None;
         let (n, cells, levels) = (state.n, tree.cells.len(), tree.depth());
         if tree.own_particles != n || tree.own_cells != cells || levels + 1 > LEVEL_SLOTS {
             return Err(GpuError::Unsupported(format!(
@@ -1472,12 +1478,24 @@ impl GpuFmm {
             .arg(&mut m.out.buf);
         // SAFETY: as above, for finish_moments.
         unsafe { launch.launch(grid(cells)) }?;
+        self.moments_of = Some(cells);
+        Ok(())
+    }
+
+    /// The five values of every cell the last `cell_moments` computed, into `out` in cell
+    /// order.
+    pub fn download_moments(&self, out: &mut Vec<[f64; MOMENT_VALUES]>) -> Result<(), GpuError> {
+        let (Some(cells), Some(m)) = (self.moments_of, &self.moments) else {
+            return Err(GpuError::Unsupported(
+                "a download of cell moments before any were computed".into(),
+            ));
+        };
         out.resize(cells, [0.0; MOMENT_VALUES]);
-        stream.memcpy_dtoh(
+        self.stream.memcpy_dtoh(
             &m.out.buf.slice(0..MOMENT_VALUES * cells),
             out.as_flattened_mut(),
         )?;
-        stream.synchronize()?;
+        self.stream.synchronize()?;
         Ok(())
     }
 
@@ -1743,6 +1761,11 @@ fn upload_plan<'a>(
         }
         none => none.insert(Buffers::new(&stream, &lengths)?),
     };
+    if plan.moments_on_device && cells_here.is_none() {
+        return Err(GpuError::Unsupported(
+            "a plan whose cell centres stayed on a device that does not hold them".into(),
+        ));
+    }
     match cells_here {
         // The plan's tree is the one `cell_moments` left on the device: its centres,
         // columns and leaves are copied there rather than sent again (~45 bytes a cell).

@@ -328,15 +328,17 @@ struct OnDevice<'a> {
 }
 
 impl DeviceTree for OnDevice<'_> {
-    fn cell_moments(
+    fn cell_moments(&mut self, tree: &Tree, reordered: bool) -> Result<(), GravityError> {
+        self.device
+            .cell_moments(self.state, tree, reordered)
+            .map_err(device_error)
+    }
+
+    fn download_moments(
         &mut self,
-        tree: &Tree,
-        reordered: bool,
         out: &mut Vec<[f64; MOMENT_VALUES]>,
     ) -> Result<(), GravityError> {
-        self.device
-            .cell_moments(self.state, tree, reordered, out)
-            .map_err(device_error)
+        self.device.download_moments(out).map_err(device_error)
     }
 
     fn walk(
