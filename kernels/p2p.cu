@@ -39,7 +39,8 @@ struct PairSoftening {
 // sums into its f64 accumulators. In shared memory each segment is followed by one unused
 // slot, so that the groups' segments start on different banks (4 banks further each).
 #define P2P_RUN 32
-// Slots of the tile: a gap after each segment, of which a tile has at most one per thread.
+// Slots of the tile: a gap after each segment (a tile has at most max(8, G) segments, so
+// no more than a block has threads).
 #define P2P_TILE_SLOTS (P2P_TILE + P2P_MAX_BLOCK)
 
 // The block's shared memory: the staged tile, the scanned leaves of the list, and the
