@@ -12,9 +12,9 @@
 // decisions, one per candidate source (a handed one or an opened one), and the longest
 // chain of a level sets its time (on disk-in-halo at 1e7, up to ~750 candidates for a
 // target against a mean of ~170): each candidate's values are loaded together and one
-// candidate ahead (`WalkCell`), while the one before is decided. The counting pass keeps each
-// target's entries (up to a number the host picks), so the writing pass only copies them;
-// a target with more walks again, repeating the decisions.
+// candidate ahead (`WalkCell`), while the current one is decided. The counting pass keeps
+// each target's entries (up to a number the host picks), so the writing pass only copies
+// them; a target with more walks again, repeating the decisions.
 //
 // The rings: a launch over a range of targets gives each thread a short ring (the host
 // picks its length), so that a launch holds enough targets to keep the GPU busy (the walk
