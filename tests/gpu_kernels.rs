@@ -1,6 +1,6 @@
 //! The CUDA kernels (kernels/*.cu) run under the CPU emulation harness
-//! (kernels/emulation/cuda_shim.h: each block's threads as real threads, `__syncthreads` as
-//! a barrier) and must match the Rust CPU backend: P2P within f32 tolerance, including a
+//! (kernels/emulation/cuda_shim.h: each block's threads as fibers, `__syncthreads` as a
+//! barrier among them) and must match the Rust CPU backend: P2P within f32 tolerance, including a
 //! partial tile, an empty leaf and leaves larger than a block; kick and drift exactly.
 //! Needs a C++20 compiler (`c++`; scripts/install-deps.sh installs g++).
 
