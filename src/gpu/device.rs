@@ -130,6 +130,12 @@ impl HostStage {
         out: &mut [f64],
     ) -> Result<(), GpuError> {
         let n = out.len();
+        if src.len() != n {
+            return Err(GpuError::Unsupported(format!(
+                "a download of {} values into {n}",
+                src.len()
+            )));
+        }
         if !self.refused && self.values.as_ref().is_none_or(|v| v.len() < n) {
             // Free the old one first: the new one may need the room.
             self.values = None;
@@ -146,9 +152,13 @@ impl HostStage {
         }
         match &mut self.values {
             Some(stage) => {
-                stream.memcpy_dtoh(src, stage)?;
-                // `as_slice` waits for the copy.
-                out.copy_from_slice(&stage.as_slice()?[..n]);
+                // Into the first n values only: cudarc copies as many values as the host
+                // side holds, and the stage is larger than `src` (read past its end, the
+                // buffer's neighbour or unmapped memory).
+                let values = &mut stage.as_mut_slice()?[..n];
+                stream.memcpy_dtoh(src, values)?;
+                stream.synchronize()?;
+                out.copy_from_slice(values);
             }
             None => {
                 stream.memcpy_dtoh(src, out)?;
