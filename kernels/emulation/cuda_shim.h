@@ -1,6 +1,7 @@
 // A CPU emulation of the CUDA execution model, enough to run leapfmm's kernels as C++ (the
 // CI check without a GPU): the blocks of a launch run one after another, each block's threads
-// as fibers (ucontext) on the calling thread, `__shared__` variables are shared by them, and
+// as fibers on the calling thread (switched by a few instructions of x86-64 assembly, or by
+// ucontext elsewhere), `__shared__` variables are shared by them, and
 // `__syncthreads` hands over to the next fiber until every thread of the block has reached it.
 // A barrier that some of a block's threads never reach (they returned) stops the program
 // with a message: on a GPU that is undefined behaviour. Fibers rather than threads: a launch
@@ -10,10 +11,12 @@
 #include <atomic>
 #include <bit>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
+#include <sys/mman.h>
 #include <ucontext.h>
 #include <vector>
 
@@ -44,26 +47,115 @@ inline thread_local uint3 block_idx{0, 0, 0};
 inline thread_local dim3 block_dim;
 inline thread_local dim3 grid_dim;
 
-// One GPU thread of the running block: its context and stack (kept for the next launch).
+// A fiber's saved state: where to resume it.
+#if defined(__x86_64__)
+struct Context {
+    void* sp = nullptr;
+};
+
+// Saves the callee-saved registers and the floating-point control words on the current
+// stack, stores its pointer in *save and resumes the stack saved at `load` (all a switch
+// between two calls of it needs: the System V ABI has the caller save everything else).
+// Defined here, so a program includes this header in one translation unit only.
+extern "C" void emu_switch(void** save, void* load);
+asm(R"(
+    .text
+    .p2align 4
+    .globl emu_switch
+    .hidden emu_switch
+    .type emu_switch, @function
+emu_switch:
+    pushq %rbp
+    pushq %rbx
+    pushq %r12
+    pushq %r13
+    pushq %r14
+    pushq %r15
+    subq $8, %rsp
+    stmxcsr (%rsp)
+    fnstcw 4(%rsp)
+    movq %rsp, (%rdi)
+    movq %rsi, %rsp
+    ldmxcsr (%rsp)
+    fldcw 4(%rsp)
+    addq $8, %rsp
+    popq %r15
+    popq %r14
+    popq %r13
+    popq %r12
+    popq %rbx
+    popq %rbp
+    ret
+    .size emu_switch, .-emu_switch
+)");
+
+inline void switch_to(Context& save, Context& resume) { emu_switch(&save.sp, resume.sp); }
+
+// Makes `c` start `entry` (which never returns) on the stack [stack, stack + bytes): the
+// frame emu_switch pops, with this thread's control words and `entry` as its return address.
+inline void prepare(Context& c, char* stack, size_t bytes, void (*entry)()) {
+    const uintptr_t top = (reinterpret_cast<uintptr_t>(stack) + bytes) & ~uintptr_t(15);
+    uint64_t* slot = reinterpret_cast<uint64_t*>(top);
+    uint16_t fcw;
+    asm volatile("fnstcw %0" : "=m"(fcw));
+    slot[-1] = 0;  // entry's own return address (so its stack is aligned as after a call)
+    slot[-2] = reinterpret_cast<uint64_t>(entry);
+    for (int k = 3; k <= 8; ++k) slot[-k] = 0;  // rbp, rbx, r12 to r15
+    slot[-9] = uint64_t(__builtin_ia32_stmxcsr()) | (uint64_t(fcw) << 32);
+    c.sp = &slot[-9];
+}
+#else
+struct Context {
+    ucontext_t uc;
+};
+
+inline void switch_to(Context& save, Context& resume) { swapcontext(&save.uc, &resume.uc); }
+
+inline void prepare(Context& c, char* stack, size_t bytes, void (*entry)()) {
+    getcontext(&c.uc);
+    c.uc.uc_stack.ss_sp = stack;
+    c.uc.uc_stack.ss_size = bytes;
+    c.uc.uc_link = nullptr;
+    makecontext(&c.uc, entry, 0);
+}
+#endif
+
+// One GPU thread of the running block: its context and stack (kept for the next launch),
+// with an inaccessible page below the stack, so that an overflow faults.
 struct Fiber {
     static constexpr size_t STACK_BYTES = 256 << 10;
-    ucontext_t context;
-    std::unique_ptr<char[]> stack{new char[STACK_BYTES]};
+    static constexpr size_t GUARD_BYTES = 64 << 10;  // a whole page on any Linux
+    Context context;
+    char* mapping;
     bool done = false;
+    Fiber() {
+        void* p = mmap(nullptr, GUARD_BYTES + STACK_BYTES, PROT_READ | PROT_WRITE,
+                       MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (p == MAP_FAILED) {
+            std::fprintf(stderr, "emulation: no memory for a thread's stack\n");
+            std::abort();
+        }
+        mapping = static_cast<char*>(p);
+        mprotect(mapping, GUARD_BYTES, PROT_NONE);
+    }
+    ~Fiber() { munmap(mapping, GUARD_BYTES + STACK_BYTES); }
+    Fiber(const Fiber&) = delete;
+    Fiber& operator=(const Fiber&) = delete;
 };
 
 struct Block {
     std::vector<std::unique_ptr<Fiber>> fibers;
-    ucontext_t scheduler;
+    Context scheduler;
     Fiber* running = nullptr;
     const std::function<void()>* body = nullptr;
 };
 inline thread_local Block block;
 
-inline void fiber_entry() {
+[[noreturn]] inline void fiber_entry() {
     (*block.body)();
     block.running->done = true;
-    // Returning resumes `scheduler` (uc_link).
+    switch_to(block.running->context, block.scheduler);
+    std::abort();  // a finished fiber is never resumed
 }
 
 // Runs `body` as `threads` threads in each of `blocks` blocks, in block order.
@@ -75,11 +167,7 @@ inline void run_blocks(unsigned blocks, unsigned threads, const std::function<vo
         block_idx = uint3{i, 0, 0};
         for (unsigned t = 0; t < threads; ++t) {
             Fiber& f = *b.fibers[t];
-            getcontext(&f.context);
-            f.context.uc_stack.ss_sp = f.stack.get();
-            f.context.uc_stack.ss_size = Fiber::STACK_BYTES;
-            f.context.uc_link = &b.scheduler;
-            makecontext(&f.context, fiber_entry, 0);
+            prepare(f.context, f.mapping + Fiber::GUARD_BYTES, Fiber::STACK_BYTES, fiber_entry);
             f.done = false;
         }
         // Each round runs every thread to its next barrier or its end.
@@ -90,7 +178,7 @@ inline void run_blocks(unsigned blocks, unsigned threads, const std::function<vo
                 if (f.done) continue;
                 thread_idx = uint3{t, 0, 0};
                 b.running = &f;
-                swapcontext(&b.scheduler, &f.context);
+                switch_to(b.scheduler, f.context);
                 if (f.done) {
                     ++finished;
                 } else {
@@ -122,7 +210,7 @@ inline void run_blocks(unsigned blocks, unsigned threads, const std::function<vo
 // Register limits are the GPU compiler's business.
 #define __launch_bounds__(...)
 
-inline void __syncthreads() { swapcontext(&emu::block.running->context, &emu::block.scheduler); }
+inline void __syncthreads() { emu::switch_to(emu::block.running->context, emu::block.scheduler); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 // Round-to-nearest product and sum, never fused (x86-64 without FMA flags never fuses).
 inline double __dmul_rn(double a, double b) { return a * b; }
