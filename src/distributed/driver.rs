@@ -632,7 +632,10 @@ impl<C: Communicator + 'static> DistributedFmm<C> {
 
 impl<C: Communicator + 'static> GravitySolver for DistributedFmm<C> {
     fn name(&self) -> &'static str {
-        "fmm"
+        match self.device {
+            Some(_) => "fmm-cuda",
+            None => "fmm",
+        }
     }
 
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
