@@ -4,83 +4,14 @@
 //! partial tile, an empty leaf and leaves larger than a block; kick and drift exactly.
 //! Needs a C++20 compiler (`c++`; scripts/install-deps.sh installs g++).
 
+mod common;
+
+use common::emulation::harness;
 use leapfmm::fmm::traversal::{pack, unpack};
 use leapfmm::gravity::softening::{Softening, SofteningKernel};
 use rand::{RngExt, SeedableRng};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
-
-/// The harness, built once for its sources: kept in Cargo's scratch directory for tests
-/// under a name made of the hash of the sources and compiler flags, so that the test
-/// processes (nextest runs each test in its own) share one build and a changed kernel gets
-/// a new one.
-fn harness() -> PathBuf {
-    static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-    BUILT.get_or_init(build_harness).clone()
-}
-
-/// Builds the harness (or finds it built), removing its builds for sources that are gone.
-fn build_harness() -> PathBuf {
-    use sha2::{Digest, Sha256};
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let mut sources: Vec<PathBuf> = ["kernels", "kernels/emulation"]
-        .iter()
-        .flat_map(|d| std::fs::read_dir(root.join(d)).unwrap().flatten())
-        .map(|e| e.path())
-        .filter(|p| p.is_file())
-        .collect();
-    sources.sort();
-    // `#pragma unroll` is nvcc's; the emulation runs the loops as written.
-    let flags = [
-        "-std=c++20",
-        "-O2",
-        "-pthread",
-        "-Wall",
-        "-Werror",
-        "-Wno-unknown-pragmas",
-    ];
-    let mut h = Sha256::new();
-    h.update(flags.join(" "));
-    for p in &sources {
-        h.update(p.file_name().unwrap().as_encoded_bytes());
-        h.update(std::fs::read(p).unwrap());
-    }
-    let hex: String = h.finalize()[..8]
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    let dir = Path::new(env!("CARGO_TARGET_TMPDIR"));
-    let prefix = "emulation-harness-";
-    let exe = dir.join(format!("{prefix}{hex}"));
-    if exe.exists() {
-        return exe;
-    }
-    // Built under a name of its own, then renamed into place: another test process may be
-    // building the same harness at the same time.
-    let building = dir.join(format!("{prefix}{hex}.{}", std::process::id()));
-    let out = Command::new("c++")
-        .args(flags)
-        .arg("-I")
-        .arg(root.join("kernels"))
-        .arg(root.join("kernels/emulation/harness.cpp"))
-        .arg("-o")
-        .arg(&building)
-        .output()
-        .expect("a C++ compiler `c++` (install g++: scripts/install-deps.sh)");
-    assert!(
-        out.status.success(),
-        "the kernels do not build under the emulation:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::rename(&building, &exe).unwrap();
-    for old in std::fs::read_dir(dir).unwrap().flatten() {
-        let name = old.file_name().to_string_lossy().into_owned();
-        if name.starts_with(prefix) && !name.contains('.') && old.path() != exe {
-            let _ = std::fs::remove_file(old.path());
-        }
-    }
-    exe
-}
 
 fn run_harness(mode: &str, input: &[u8]) -> Vec<u8> {
     run(&harness(), mode, input)

@@ -2,6 +2,8 @@
 //! for the files a run writes.
 #![allow(dead_code)]
 
+pub mod emulation;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 

@@ -1,0 +1,443 @@
+// An emulated CUDA driver and NVRTC for the CI machines without a GPU: built as a shared
+// library and found as libcuda.so and libnvrtc.so (tests/gpu_emulated.rs puts it first on
+// LD_LIBRARY_PATH of the binary it runs), it answers the calls cudarc makes, so that the
+// binary's GPU backend runs whole (buffers, copies, launches, the resident pipeline) with
+// every kernel executed under the CPU emulation (cuda_shim.h) on host memory.
+//
+// What it is not: a GPU. Device memory is host memory (a device pointer is a host address),
+// streams and events are synchronous, "PTX" is a stub naming no code (cuModuleGetFunction
+// finds the kernels compiled in here by name), and the one device it reports says it is an
+// emulation. Launches run one at a time (the kernels' `__shared__` variables are static).
+#include "cuda_shim.h"
+#include "../p2p.cu"
+#include "../integrate.cu"
+#include "../expansions.cu"
+#include "../m2l_rotated.cu"
+#include "../keys.cu"
+#include "../moments.cu"
+#include "../walk.cu"
+#include "../split.cu"
+#include <csignal>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <sys/mman.h>
+#include <type_traits>
+#include <unistd.h>
+#include <utility>
+
+namespace {
+
+// CUresult and nvrtcResult values (cuda.h, nvrtc.h).
+constexpr int CUDA_SUCCESS = 0;
+constexpr int CUDA_ERROR_INVALID_VALUE = 1;
+constexpr int CUDA_ERROR_OUT_OF_MEMORY = 2;
+constexpr int CUDA_ERROR_INVALID_DEVICE = 101;
+constexpr int CUDA_ERROR_NOT_FOUND = 500;
+constexpr int CUDA_ERROR_LAUNCH_FAILED = 719;
+constexpr int NVRTC_SUCCESS = 0;
+
+// CUdevice_attribute values it answers; every other attribute reads 0.
+constexpr int ATTRIBUTE_MAX_THREADS_PER_BLOCK = 1;
+constexpr int ATTRIBUTE_WARP_SIZE = 10;
+constexpr int ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
+constexpr int ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
+constexpr int ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+
+// The device's memory as reported (allocations are host memory, granted while it lasts).
+constexpr size_t TOTAL_MEMORY = size_t(16) << 30;
+
+// An allocation's whole mapping (its pages and the guard page after them).
+struct Mapping {
+    char* base;
+    size_t bytes;
+};
+
+std::mutex lock;  // allocations and launches
+std::map<uintptr_t, Mapping> allocations;
+// The kernel running now, for `report_fault`.
+const char* volatile running_kernel = nullptr;
+
+size_t page() {
+    static const size_t bytes = size_t(sysconf(_SC_PAGESIZE));
+    return bytes;
+}
+
+// A kernel by name, and how to call it from cuLaunchKernel's parameter array.
+struct Kernel {
+    const char* name;
+    void (*run)(unsigned grid, unsigned block, void** params);
+};
+
+template <class... P, size_t... I>
+void launch_from(unsigned grid, unsigned block, void (*kernel)(P...), void** params,
+                 std::index_sequence<I...>) {
+    launch(grid, block, kernel, *static_cast<std::remove_cv_t<P>*>(params[I])...);
+}
+
+template <class... P>
+constexpr size_t arity(void (*)(P...)) {
+    return sizeof...(P);
+}
+
+template <auto K>
+void run_any(unsigned grid, unsigned block, void** params) {
+    launch_from(grid, block, K, params, std::make_index_sequence<arity(K)>{});
+}
+
+#define KERNEL(name) Kernel{#name, run_any<name>}
+const Kernel KERNELS[] = {
+    KERNEL(p2p_leaves),        KERNEL(p2m_leaves),      KERNEL(m2m_cells),
+    KERNEL(m2l_cells),         KERNEL(m2l_cells_p8),    KERNEL(m2l_rotated_1),
+    KERNEL(m2l_rotated_2),     KERNEL(m2l_rotated_3),   KERNEL(m2l_rotated_4),
+    KERNEL(m2l_rotated_5),     KERNEL(m2l_rotated_6),   KERNEL(m2l_rotated_7),
+    KERNEL(m2l_rotated_8),     KERNEL(l2l_cells),       KERNEL(l2p_particles),
+    KERNEL(kick),              KERNEL(drift),           KERNEL(gather_tree_order),
+    KERNEL(scatter_forces),    KERNEL(gather_rows),     KERNEL(max_acceleration_blocks),
+    KERNEL(conserved_chunks),  KERNEL(bounds_blocks),   KERNEL(morton_keys),
+    KERNEL(radix_count),       KERNEL(radix_offsets),   KERNEL(radix_scatter),
+    KERNEL(leaf_of_particles), KERNEL(level_moments),   KERNEL(ancestor_r2),
+    KERNEL(finish_moments),    KERNEL(walk_level),      KERNEL(sort_scan),
+    KERNEL(order_equal_runs),  KERNEL(split_count),     KERNEL(split_write),
+};
+#undef KERNEL
+
+// Opaque handles: a context, a stream, an event, a module are addresses of these.
+struct Handle {
+    int device = 0;
+};
+// How many devices it reports: LEAPFMM_EMULATED_GPUS (1 to 8, default 1), all of them
+// the same host memory; thread ranks take one each, as on a machine with several GPUs.
+constexpr int MAX_DEVICES = 8;
+int devices() {
+    static const int count = [] {
+        const char* v = std::getenv("LEAPFMM_EMULATED_GPUS");
+        const int k = v ? std::atoi(v) : 1;
+        return std::clamp(k, 1, MAX_DEVICES);
+    }();
+    return count;
+}
+Handle context_of_device[MAX_DEVICES] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}};
+Handle the_module;
+thread_local Handle* current_context = nullptr;
+
+// Zeroes [p, p + bytes): whole pages of an allocation are handed back to the kernel (they
+// read as zeros again and cost no memory until written), the rest is written.
+void zero(char* p, size_t bytes) {
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t lo = (a + page() - 1) / page() * page();
+    const uintptr_t hi = (a + bytes) / page() * page();
+    if (hi > lo + 16 * page()) {
+        std::memset(p, 0, lo - a);
+        madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);
+        std::memset(reinterpret_cast<char*>(hi), 0, a + bytes - hi);
+    } else {
+        std::memset(p, 0, bytes);
+    }
+}
+
+// Each allocation gets pages of its own with an inaccessible page after them, and sits at
+// their end (16-byte aligned, as the kernels' widest loads need): a kernel or a copy that
+// runs past the end of a buffer faults at once (see `report_fault`), where a GPU would read
+// another buffer or stop with an illegal address.
+constexpr size_t ALIGN = 16;
+
+int allocate(unsigned long long* dptr, size_t bytes) {
+    const size_t used = std::max<size_t>(ALIGN, (bytes + ALIGN - 1) / ALIGN * ALIGN);
+    const size_t pages = (used + page() - 1) / page() * page();
+    void* p = mmap(nullptr, pages + page(), PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    char* base = static_cast<char*>(p);
+    mprotect(base + pages, page(), PROT_NONE);
+    const uintptr_t start = reinterpret_cast<uintptr_t>(base + pages - used);
+    std::lock_guard<std::mutex> g(lock);
+    allocations[start] = Mapping{base, pages + page()};
+    *dptr = start;
+    return CUDA_SUCCESS;
+}
+
+int release(unsigned long long dptr) {
+    std::lock_guard<std::mutex> g(lock);
+    auto it = allocations.find(uintptr_t(dptr));
+    if (it == allocations.end()) return CUDA_ERROR_INVALID_VALUE;
+    munmap(it->second.base, it->second.bytes);
+    allocations.erase(it);
+    return CUDA_SUCCESS;
+}
+
+// A fault inside a launch names the kernel, block and thread (then the default action: a
+// core dump); outside one, it is the program's own.
+void report_fault(int signal) {
+    if (const char* name = running_kernel) {
+        char text[256];
+        const int len = std::snprintf(
+            text, sizeof text,
+            "emulation: kernel %s, block %u, thread %u touched memory outside its buffers\n",
+            name, emu::block_idx.x, emu::thread_idx.x);
+        if (len > 0) (void)!write(2, text, size_t(len));
+    }
+    std::signal(signal, SIG_DFL);
+    std::raise(signal);
+}
+
+void* at(unsigned long long dptr) { return reinterpret_cast<void*>(uintptr_t(dptr)); }
+
+struct Program {
+    std::string ptx;
+};
+
+}  // namespace
+
+extern "C" {
+
+// ---- the driver API (cuda.h), the calls cudarc makes ----
+
+int cuInit(unsigned) {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        // The fibers run on their own stacks; the handler gets one of its own too.
+        static char stack[64 << 10];
+        stack_t s{};
+        s.ss_sp = stack;
+        s.ss_size = sizeof stack;
+        sigaltstack(&s, nullptr);
+        struct sigaction action{};
+        action.sa_handler = report_fault;
+        action.sa_flags = SA_ONSTACK;
+        sigaction(SIGSEGV, &action, nullptr);
+        sigaction(SIGBUS, &action, nullptr);
+    });
+    return CUDA_SUCCESS;
+}
+int cuDriverGetVersion(int* version) {
+    *version = 12090;
+    return CUDA_SUCCESS;
+}
+int cuDeviceGetCount(int* count) {
+    *count = devices();
+    return CUDA_SUCCESS;
+}
+int cuDeviceGet(int* device, int ordinal) {
+    if (ordinal < 0 || ordinal >= devices()) return CUDA_ERROR_INVALID_DEVICE;
+    *device = ordinal;
+    return CUDA_SUCCESS;
+}
+int cuDeviceGetName(char* name, int len, int) {
+    std::snprintf(name, size_t(len), "leapfmm CPU emulation (not a GPU)");
+    return CUDA_SUCCESS;
+}
+int cuDeviceGetAttribute(int* value, int attribute, int) {
+    switch (attribute) {
+        case ATTRIBUTE_MAX_THREADS_PER_BLOCK: *value = 1024; break;
+        case ATTRIBUTE_WARP_SIZE: *value = 32; break;
+        case ATTRIBUTE_MULTIPROCESSOR_COUNT: *value = 1; break;
+        case ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *value = 9; break;
+        case ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: *value = 0; break;
+        default: *value = 0;
+    }
+    return CUDA_SUCCESS;
+}
+int cuDeviceTotalMem_v2(size_t* bytes, int) {
+    *bytes = TOTAL_MEMORY;
+    return CUDA_SUCCESS;
+}
+int cuDeviceGetUuid(char* uuid, int) {
+    std::memset(uuid, 0, 16);
+    return CUDA_SUCCESS;
+}
+int cuDeviceGetUuid_v2(char* uuid, int device) { return cuDeviceGetUuid(uuid, device); }
+
+int cuDevicePrimaryCtxRetain(void** context, int device) {
+    if (device < 0 || device >= devices()) return CUDA_ERROR_INVALID_DEVICE;
+    *context = &context_of_device[device];
+    return CUDA_SUCCESS;
+}
+int cuDevicePrimaryCtxRelease_v2(int) { return CUDA_SUCCESS; }
+int cuCtxSetCurrent(void* context) {
+    current_context = static_cast<Handle*>(context);
+    return CUDA_SUCCESS;
+}
+int cuCtxGetCurrent(void** context) {
+    *context = current_context;
+    return CUDA_SUCCESS;
+}
+int cuCtxGetDevice(int* device) {
+    *device = current_context ? current_context->device : 0;
+    return CUDA_SUCCESS;
+}
+int cuCtxSynchronize() { return CUDA_SUCCESS; }
+
+int cuStreamCreate(void** stream, unsigned) {
+    *stream = new Handle;
+    return CUDA_SUCCESS;
+}
+int cuStreamDestroy_v2(void* stream) {
+    delete static_cast<Handle*>(stream);
+    return CUDA_SUCCESS;
+}
+int cuStreamSynchronize(void*) { return CUDA_SUCCESS; }
+int cuStreamQuery(void*) { return CUDA_SUCCESS; }
+int cuStreamWaitEvent(void*, void*, unsigned) { return CUDA_SUCCESS; }
+
+int cuEventCreate(void** event, unsigned) {
+    *event = new Handle;
+    return CUDA_SUCCESS;
+}
+int cuEventDestroy_v2(void* event) {
+    delete static_cast<Handle*>(event);
+    return CUDA_SUCCESS;
+}
+int cuEventRecord(void*, void*) { return CUDA_SUCCESS; }
+int cuEventSynchronize(void*) { return CUDA_SUCCESS; }
+int cuEventQuery(void*) { return CUDA_SUCCESS; }
+int cuEventElapsedTime(float* ms, void*, void*) {
+    *ms = 0.0f;
+    return CUDA_SUCCESS;
+}
+int cuEventElapsedTime_v2(float* ms, void* start, void* end) {
+    return cuEventElapsedTime(ms, start, end);
+}
+
+int cuMemGetInfo_v2(size_t* free, size_t* total) {
+    *free = TOTAL_MEMORY;
+    *total = TOTAL_MEMORY;
+    return CUDA_SUCCESS;
+}
+int cuMemAlloc_v2(unsigned long long* dptr, size_t bytes) { return allocate(dptr, bytes); }
+int cuMemAllocAsync(unsigned long long* dptr, size_t bytes, void*) {
+    return allocate(dptr, bytes);
+}
+int cuMemFree_v2(unsigned long long dptr) { return release(dptr); }
+int cuMemFreeAsync(unsigned long long dptr, void*) { return release(dptr); }
+int cuMemHostAlloc(void** p, size_t bytes, unsigned) {
+    *p = std::malloc(std::max<size_t>(bytes, 1));
+    return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+int cuMemFreeHost(void* p) {
+    std::free(p);
+    return CUDA_SUCCESS;
+}
+
+int cuMemcpyHtoD_v2(unsigned long long dst, const void* src, size_t bytes) {
+    std::memcpy(at(dst), src, bytes);
+    return CUDA_SUCCESS;
+}
+int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, size_t bytes, void*) {
+    return cuMemcpyHtoD_v2(dst, src, bytes);
+}
+int cuMemcpyDtoH_v2(void* dst, unsigned long long src, size_t bytes) {
+    std::memcpy(dst, at(src), bytes);
+    return CUDA_SUCCESS;
+}
+int cuMemcpyDtoHAsync_v2(void* dst, unsigned long long src, size_t bytes, void*) {
+    return cuMemcpyDtoH_v2(dst, src, bytes);
+}
+int cuMemcpyDtoD_v2(unsigned long long dst, unsigned long long src, size_t bytes) {
+    std::memmove(at(dst), at(src), bytes);
+    return CUDA_SUCCESS;
+}
+int cuMemcpyDtoDAsync_v2(unsigned long long dst, unsigned long long src, size_t bytes, void*) {
+    return cuMemcpyDtoD_v2(dst, src, bytes);
+}
+int cuMemsetD8_v2(unsigned long long dst, unsigned char value, size_t count) {
+    if (value == 0) {
+        zero(static_cast<char*>(at(dst)), count);
+    } else {
+        std::memset(at(dst), value, count);
+    }
+    return CUDA_SUCCESS;
+}
+int cuMemsetD8Async(unsigned long long dst, unsigned char value, size_t count, void*) {
+    return cuMemsetD8_v2(dst, value, count);
+}
+
+int cuModuleLoadData(void** module, const void*) {
+    *module = &the_module;
+    return CUDA_SUCCESS;
+}
+int cuModuleUnload(void*) { return CUDA_SUCCESS; }
+int cuModuleGetFunction(void** function, void*, const char* name) {
+    for (const Kernel& k : KERNELS) {
+        if (std::strcmp(k.name, name) == 0) {
+            *function = const_cast<Kernel*>(&k);
+            return CUDA_SUCCESS;
+        }
+    }
+    return CUDA_ERROR_NOT_FOUND;
+}
+int cuFuncGetAttribute(int* value, int, void*) {
+    *value = 0;
+    return CUDA_SUCCESS;
+}
+int cuFuncSetAttribute(void*, int, int) { return CUDA_SUCCESS; }
+
+int cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsigned bx,
+                   unsigned by, unsigned bz, unsigned shared_bytes, void*, void** params,
+                   void** extra) {
+    // The kernels are 1-D and declare their shared memory statically.
+    if (gy != 1 || gz != 1 || by != 1 || bz != 1 || shared_bytes != 0 || extra != nullptr ||
+        gx == 0 || bx == 0 || bx > 1024) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    std::lock_guard<std::mutex> g(lock);
+    const Kernel* kernel = static_cast<const Kernel*>(function);
+    running_kernel = kernel->name;
+    kernel->run(gx, bx, params);
+    running_kernel = nullptr;
+    return CUDA_SUCCESS;
+}
+
+int cuGetErrorName(int error, const char** name) {
+    switch (error) {
+        case CUDA_SUCCESS: *name = "CUDA_SUCCESS"; break;
+        case CUDA_ERROR_INVALID_VALUE: *name = "CUDA_ERROR_INVALID_VALUE"; break;
+        case CUDA_ERROR_OUT_OF_MEMORY: *name = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+        case CUDA_ERROR_INVALID_DEVICE: *name = "CUDA_ERROR_INVALID_DEVICE"; break;
+        case CUDA_ERROR_NOT_FOUND: *name = "CUDA_ERROR_NOT_FOUND"; break;
+        default: *name = "CUDA_ERROR_LAUNCH_FAILED";
+    }
+    return CUDA_SUCCESS;
+}
+int cuGetErrorString(int error, const char** text) { return cuGetErrorName(error, text); }
+
+// ---- NVRTC (nvrtc.h): "compiles" to a stub naming the source ----
+
+int nvrtcVersion(int* major, int* minor) {
+    // No real NVRTC has version 0.0, so the on-disk PTX cache never mixes the two.
+    *major = 0;
+    *minor = 0;
+    return NVRTC_SUCCESS;
+}
+int nvrtcCreateProgram(Program** program, const char*, const char* name, int,
+                       const char* const*, const char* const*) {
+    *program = new Program{std::string("// leapfmm CPU emulation: ") + (name ? name : "") + "\n"};
+    return NVRTC_SUCCESS;
+}
+int nvrtcCompileProgram(Program*, int, const char* const*) { return NVRTC_SUCCESS; }
+int nvrtcGetPTXSize(Program* program, size_t* bytes) {
+    *bytes = program->ptx.size() + 1;
+    return NVRTC_SUCCESS;
+}
+int nvrtcGetPTX(Program* program, char* ptx) {
+    std::memcpy(ptx, program->ptx.c_str(), program->ptx.size() + 1);
+    return NVRTC_SUCCESS;
+}
+int nvrtcGetProgramLogSize(Program*, size_t* bytes) {
+    *bytes = 1;
+    return NVRTC_SUCCESS;
+}
+int nvrtcGetProgramLog(Program*, char* log) {
+    *log = 0;
+    return NVRTC_SUCCESS;
+}
+int nvrtcDestroyProgram(Program** program) {
+    delete *program;
+    *program = nullptr;
+    return NVRTC_SUCCESS;
+}
+const char* nvrtcGetErrorString(int) { return "NVRTC emulation error"; }
+
+}  // extern "C"

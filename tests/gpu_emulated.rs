@@ -1,0 +1,306 @@
+//! The binary's GPU backend run whole without a GPU: the emulated CUDA driver and NVRTC of
+//! kernels/emulation/driver.cpp, first on LD_LIBRARY_PATH, are what cudarc loads, and every
+//! launch runs its kernel under the CPU emulation. So the host code that drives the device
+//! (buffers, copies, launches, the resident pipeline of a run: sort, split, moments, walk,
+//! passes, kick and drift on the device) runs here as on an H200, each copy and kernel
+//! confined to its buffers (the emulated driver faults on the first byte past one). Checked
+//! against the CPU backend in the same processes and runs.
+//! Needs a C++20 compiler (`c++`; scripts/install-deps.sh installs g++).
+
+mod common;
+
+use common::{Diagnostics, bin, emulation, repo, write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+/// The binary with the emulated driver as its CUDA and NVRTC, and `home` as HOME (the
+/// kernel cache goes there, not into the user's).
+fn on_emulated_gpu(home: &Path) -> Command {
+    let driver = emulation::driver();
+    let mut paths = vec![driver];
+    paths.extend(std::env::split_paths(
+        &std::env::var_os("LD_LIBRARY_PATH").unwrap_or_default(),
+    ));
+    let mut cmd = bin();
+    cmd.current_dir(home)
+        .env("LD_LIBRARY_PATH", std::env::join_paths(paths).unwrap())
+        .env("HOME", home);
+    cmd
+}
+
+/// Everything `out` printed, stdout then stderr, after checking that it succeeded.
+fn succeeded(out: Output, what: &str) -> String {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{text}",
+        out.status
+    );
+    text
+}
+
+/// A Milky Way model of `n` particles written to `dir/mw.hdf5`.
+fn galaxy(dir: &Path, n: usize) -> PathBuf {
+    let file = dir.join("mw.hdf5");
+    let out = bin()
+        .args(["ics", repo("ics/milky_way.toml").to_str().unwrap()])
+        .args(["--n", &n.to_string(), "-o", file.to_str().unwrap()])
+        .output()
+        .unwrap();
+    succeeded(out, "ics");
+    file
+}
+
+/// The largest relative difference of the line of `stdout` that starts with `prefix`
+/// ("... median a, p99 b, max c relative difference").
+fn max_difference(stdout: &str, prefix: &str) -> f64 {
+    let line = stdout
+        .lines()
+        .find(|l| l.starts_with(prefix))
+        .unwrap_or_else(|| panic!("no line {prefix:?} in:\n{stdout}"));
+    let max = line.split("max ").nth(1).and_then(|r| r.split(' ').next());
+    max.and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no maximum in {line:?}"))
+}
+
+#[test]
+fn forces_on_the_emulated_gpu_are_the_cpus_on_one_and_two_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let ics = galaxy(dir.path(), 3000);
+    let ics = ics.to_str().unwrap();
+    let args = ["forces", ics, "--softening", "0.05", "--backend", "cuda"];
+
+    let out = on_emulated_gpu(dir.path())
+        .args(args)
+        .args(["--repeat", "2", "-o", "one.hdf5"])
+        .output()
+        .unwrap();
+    let stdout = succeeded(out, "forces on the emulated GPU");
+    assert!(
+        stdout.contains("GPU leapfmm CPU emulation (not a GPU) (sm_90) ready"),
+        "{stdout}"
+    );
+    // The device's tree order, cells, moments and lists, each evaluation, against the host's.
+    for (what, count) in [
+        (
+            "GPU tree order",
+            "the host's order, positions and sums: identical",
+        ),
+        ("GPU cells", "the host's cells: identical"),
+        ("GPU cell moments", "the host's: identical"),
+        ("GPU walk", "the host's lists: identical"),
+    ] {
+        let same = stdout
+            .lines()
+            .filter(|l| l.starts_with(what) && l.ends_with(count))
+            .count();
+        assert_eq!(same, 2, "{what}: {stdout}");
+    }
+    let one_rank = max_difference(&stdout, "GPU vs CPU accelerations (one rank)");
+    assert!(one_rank <= 1e-5, "{one_rank:e}\n{stdout}");
+
+    // Two thread ranks sharing the device: each rank's passes there, its multipoles and
+    // particles for the other gathered there and sent through the host. The f64 near field
+    // on the CPU ranks, so that the two differ by the device's f32 near field only.
+    let out = on_emulated_gpu(dir.path())
+        .args(args)
+        .args(["--ranks", "2", "--near-field", "double", "-o", "two.hdf5"])
+        .output()
+        .unwrap();
+    let stdout = succeeded(out, "forces on two ranks on the emulated GPU");
+    let two_ranks = max_difference(&stdout, "GPU vs CPU accelerations (2 ranks)");
+    assert!(two_ranks <= 1e-5, "{two_ranks:e}\n{stdout}");
+}
+
+/// The coordinates and velocities of every particle type in the last snapshot of run
+/// `name` under `dir`, as stored (a run on several ranks writes a file per rank into a
+/// folder: their parts one after the other): (dataset, its bytes).
+fn last_snapshot(dir: &Path, name: &str) -> Vec<(String, Vec<u8>)> {
+    let sorted = |folder: &Path| {
+        let mut paths: Vec<PathBuf> = std::fs::read_dir(folder)
+            .unwrap()
+            .flatten()
+            .map(|e| e.path())
+            .collect();
+        paths.sort();
+        paths
+    };
+    let last = sorted(&dir.join("runs").join(name).join("snapshots"))
+        .pop()
+        .expect("a snapshot");
+    let files = if last.is_dir() {
+        sorted(&last)
+    } else {
+        vec![last]
+    };
+    let mut out: Vec<(String, Vec<u8>)> = Vec::new();
+    for file in &files {
+        let groups: Vec<String> = {
+            let _hdf5 = common::hdf5_lock();
+            let f = hdf5::File::open(file).unwrap();
+            f.member_names()
+                .unwrap()
+                .into_iter()
+                .filter(|g| g.starts_with("PartType"))
+                .collect()
+        };
+        for g in groups {
+            for d in ["Coordinates", "Velocities"] {
+                let name = format!("{g}/{d}");
+                let bytes = common::dataset_bytes(file, &name);
+                match out.iter_mut().find(|(n, _)| *n == name) {
+                    Some((_, all)) => all.extend(bytes),
+                    None => out.push((name, bytes)),
+                }
+            }
+        }
+    }
+    assert!(!out.is_empty(), "no particles in {files:?}");
+    out
+}
+
+fn f64s(bytes: &[u8]) -> Vec<f64> {
+    bytes
+        .chunks_exact(8)
+        .map(|c| f64::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// Writes `dir/<name>.toml`: a run of the galaxy `ics` to t = 0.0004 (steps of at most
+/// 1e-4, a snapshot in f64 at the end), with `gravity` and `integrator` lines added.
+fn galaxy_run(dir: &Path, ics: &Path, name: &str, gravity: &str, integrator: &str) -> PathBuf {
+    let text = format!(
+        "name = \"{name}\"\noutput_dir = \"runs\"\n[ics]\nfile = \"{}\"\n\
+         [gravity]\nsoftening = 0.05\n{gravity}\n[integrator]\nt_end = 0.0004\ndt_max = 0.0001\n{integrator}\n\
+         [output]\nsnapshot_interval = 0.0004\nsnapshot_precision = \"double\"\n",
+        ics.display()
+    );
+    write(dir, &format!("{name}.toml"), &text)
+}
+
+/// Runs `config` with `args` on the emulated GPU(s) (`gpus` of them); what it printed,
+/// which must hold no warning.
+fn run(dir: &Path, config: &Path, args: &[&str], gpus: usize) -> String {
+    let out = on_emulated_gpu(dir)
+        .env("LEAPFMM_EMULATED_GPUS", gpus.to_string())
+        .args(["run", config.to_str().unwrap()])
+        .args(args)
+        .output()
+        .unwrap();
+    let text = succeeded(out, &config.display().to_string());
+    assert!(!text.contains("warning"), "{text}");
+    text
+}
+
+/// Runs `a` and `b` under `dir` took the same steps to total energies within `energy` of
+/// each other (relative), and their last snapshots' positions and velocities are within
+/// 1e-6 of the largest (forces through the device's f32 near field differ by ~1e-7).
+fn assert_close_runs(dir: &Path, a: &str, b: &str, energy: f64) {
+    let read = |name: &str| Diagnostics::read(&dir.join("runs").join(name).join("diagnostics.csv"));
+    let (da, db) = (read(a), read(b));
+    assert_eq!(da.column("step"), db.column("step"), "{a} and {b}");
+    for (x, y) in da.column("total").iter().zip(&db.column("total")) {
+        assert!(
+            ((x - y) / y).abs() < energy,
+            "energy {x} in {a}, {y} in {b}"
+        );
+    }
+    let (sa, sb) = (last_snapshot(dir, a), last_snapshot(dir, b));
+    assert_eq!(sa.len(), sb.len());
+    for ((name, x), (_, y)) in sa.iter().zip(&sb) {
+        let (x, y) = (f64s(x), f64s(y));
+        assert_eq!(x.len(), y.len(), "{name}");
+        let scale = y.iter().fold(0.0f64, |m, v| m.max(v.abs()));
+        let worst = x
+            .iter()
+            .zip(&y)
+            .fold(0.0f64, |m, (x, y)| m.max((x - y).abs()));
+        assert!(
+            worst <= 1e-6 * scale,
+            "{a} and {b}, {name}: {worst:e} of {scale:e}"
+        );
+    }
+}
+
+#[test]
+fn a_resident_run_on_the_emulated_gpu_follows_the_cpu_run_and_repeats_its_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ics = galaxy(d, 3000);
+    let gpu = run(
+        d,
+        &galaxy_run(d, &ics, "gpu", "", ""),
+        &["--backend", "cuda"],
+        1,
+    );
+    assert!(
+        gpu.contains("the particles stay on the device between steps"),
+        "{gpu}"
+    );
+    run(
+        d,
+        &galaxy_run(d, &ics, "again", "", ""),
+        &["--backend", "cuda"],
+        1,
+    );
+    run(
+        d,
+        &galaxy_run(d, &ics, "cpu", "", ""),
+        &["--backend", "cpu"],
+        1,
+    );
+    // The same run twice on the device: the same bits.
+    assert!(
+        last_snapshot(d, "gpu") == last_snapshot(d, "again"),
+        "two runs on the device differ"
+    );
+    // Both with the f32 pairs of the mixed near field: the energies agree to 1e-9.
+    assert_close_runs(d, "gpu", "cpu", 1e-8);
+}
+
+#[test]
+fn block_steps_and_two_thread_ranks_on_the_emulated_gpus_follow_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ics = galaxy(d, 3000);
+    // Hierarchical steps: each sub-step's forces on the active particles only.
+    let block = "scheme = \"block\"";
+    run(
+        d,
+        &galaxy_run(d, &ics, "block_gpu", "", block),
+        &["--backend", "cuda"],
+        1,
+    );
+    run(
+        d,
+        &galaxy_run(d, &ics, "block_cpu", "", block),
+        &["--backend", "cpu"],
+        1,
+    );
+    assert_close_runs(d, "block_gpu", "block_cpu", 1e-8);
+    // Two thread ranks, a GPU each: the distributed FMM with each rank's passes on its GPU,
+    // whose payload carries exact positions. So do the CPU ranks' LET with the f64 near
+    // field (the mixed one's compressed wire moves them by up to 4e-6 of a leaf's radius,
+    // 1e-7 of the energy); the GPU has the mixed one only, whose f32 pairs put the
+    // energy 2.2e-8 from the f64 ones' here.
+    let exact = "near_field = \"double\"";
+    let two = ["--ranks", "2", "--backend"];
+    let gpus = run(
+        d,
+        &galaxy_run(d, &ics, "ranks_gpu", "", ""),
+        &[&two[..], &["cuda"]].concat(),
+        2,
+    );
+    assert!(gpus.contains("on 2 ranks, solver 'fmm-cuda'"), "{gpus}");
+    run(
+        d,
+        &galaxy_run(d, &ics, "ranks_cpu", exact, ""),
+        &[&two[..], &["cpu"]].concat(),
+        2,
+    );
+    assert_close_runs(d, "ranks_gpu", "ranks_cpu", 5e-8);
+}
