@@ -5,7 +5,11 @@
 # machine lacks; no Rust toolchain is needed there). Prints the environment, then
 # the GPU-vs-CPU difference of the FMM passes on the Milky Way model and the GPU timings, on
 # one rank and on two thread ranks sharing the GPU.
-#   N1=1000000 N2=10000000 scripts/gpu-check.sh      (defaults; GPU_CHECK_DIR=/tmp/gpu-check)
+#   N1=1000000 N2=10000000 N3=100000 scripts/gpu-check.sh   (defaults; GPU_CHECK_DIR=/tmp/gpu-check)
+# (N3: the 100-step run's particles.) Without a GPU, the emulated driver tests/gpu_emulated.rs
+# builds runs the script through, on small N (a CPU emulation: under 4 minutes on 2 cores):
+#   LD_LIBRARY_PATH=$(ls -d target/tmp/emulated-driver-* | head -1) BIN=target/release/leapfmm \
+#       N1=20000 N2=50000 N3=5000 scripts/gpu-check.sh
 # Under the `device` tool, $OUT comes back to the caller: the whole output, the runs' logs and
 # their diagnostics.csv are copied there (check.log, big.log, gpu100.log, RUN.csv), the
 # snapshots stay in GPU_CHECK_DIR. LEAF_SWEEP (default "64 256") repeats the resident steps at N2
@@ -28,6 +32,7 @@ if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
 fi
 N1=${N1:-1000000}
 N2=${N2:-10000000}
+N3=${N3:-100000}
 # Runs of an earlier check would be read as this one's.
 rm -rf "$DIR/runs"
 mkdir -p "$DIR"
@@ -37,6 +42,7 @@ nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
 source scripts/gpu-env.sh
 echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 "$BIN" --version
+[ -f .gpu-kit/commit ] && [ "$BIN" = .gpu-kit/leapfmm ] && echo "kit built from $(cat .gpu-kit/commit)"
 
 for n in "$N1" "$N2"; do
     echo "== N = $n: initial conditions"
@@ -102,13 +108,13 @@ echo "exit status $?"
 f="$DIR/runs/gpu_big_direct/diagnostics.csv"
 [ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
 
-echo "== ~100-step run, N = 100000: backend cuda (resident state), then cpu (diagnostics: first columns, last row)"
+echo "== ~100-step run, N = $N3: backend cuda (resident state), then cpu (diagnostics: first columns, last row)"
 cat > "$DIR/run.toml" <<EOF
 name = "gpu100"
 output_dir = "$DIR/runs"
 [ics]
 model = "$PWD/ics/milky_way.toml"
-n = 100000
+n = $N3
 [gravity]
 softening = 0.05
 [integrator]

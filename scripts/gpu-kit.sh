@@ -13,6 +13,8 @@ rm -rf .gpu-kit
 mkdir -p .gpu-kit/lib
 cp target/release/leapfmm .gpu-kit/leapfmm
 strip .gpu-kit/leapfmm
+# gpu-check.sh prints it: a kit left from an older build is then plain to see.
+git describe --always --dirty > .gpu-kit/commit 2>/dev/null || echo unknown > .gpu-kit/commit
 # Every resolved library but glibc's own (libc, libm, libdl, libpthread, librt, libresolv,
 # the loader) and libgcc_s, which the other machine has in a compatible (newer) version.
 ldd target/release/leapfmm | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
