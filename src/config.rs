@@ -798,10 +798,14 @@ pub fn absolute(path: &Path) -> PathBuf {
 }
 
 /// Keys that may differ between a checkpoint's config and the config used to resume it.
-const RESUMABLE_CHANGES: [&str; 3] = [
+/// The backend is where the passes run, like the number of ranks: another one continues
+/// the same physics (other bits), and `--backend`, which the checkpoint's config text does
+/// not hold, must not stop a resume.
+const RESUMABLE_CHANGES: [&str; 4] = [
     "integrator.t_end",
     "output.checkpoint_wall_minutes",
     "output.keep_checkpoints",
+    "gravity.backend",
 ];
 
 /// Dotted keys whose values differ between two configs (saved, now), except those a resume

@@ -208,6 +208,25 @@ fn an_existing_run_is_never_overwritten_without_resume() {
     );
     assert!(out.status.success());
     assert!(before == tree_contents(&run.path().join("runs")));
+    // Where the passes run may change (--backend, which the checkpoint's config text does
+    // not hold, or gravity.backend).
+    let out = run_in(
+        run.path(),
+        &[
+            "run",
+            cfg.to_str().unwrap(),
+            "--resume",
+            "--backend",
+            "cpu",
+            "--quiet",
+        ],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(before == tree_contents(&run.path().join("runs")));
     // Resuming with a changed physics key is refused by name.
     let changed = write(
         run.path(),

@@ -304,3 +304,58 @@ fn block_steps_and_two_thread_ranks_on_the_emulated_gpus_follow_the_cpu() {
     );
     assert_close_runs(d, "ranks_gpu", "ranks_cpu", 5e-8);
 }
+
+#[test]
+fn a_resident_run_on_the_emulated_gpu_stopped_and_resumed_repeats_its_bits() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ics = galaxy(d, 3000);
+    // Checkpoints every 2e-4 of 6e-4: the resident state comes back for each.
+    let config = |name: &str| {
+        let text = format!(
+            "name = \"{name}\"\noutput_dir = \"runs\"\n[ics]\nfile = \"{}\"\n\
+             [gravity]\nsoftening = 0.05\n[integrator]\nt_end = 0.0006\ndt_max = 0.0001\n\
+             [output]\nsnapshot_interval = 0.0006\nsnapshot_precision = \"double\"\n\
+             checkpoint_interval = 0.0002\nkeep_checkpoints = 10\n",
+            ics.display()
+        );
+        write(d, &format!("{name}.toml"), &text)
+    };
+    let straight = config("straight");
+    run(d, &straight, &["--backend", "cuda"], 1);
+    let reference = last_snapshot(d, "straight");
+
+    // Stopped by SIGTERM once the checkpoint at 2e-4 is there, then resumed.
+    let stopped = config("stopped");
+    let mut child = on_emulated_gpu(d)
+        .args([
+            "run",
+            stopped.to_str().unwrap(),
+            "--backend",
+            "cuda",
+            "--quiet",
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let folder = d.join("runs/stopped/checkpoints");
+    let start = std::time::Instant::now();
+    while std::fs::read_dir(&folder).map_or(0, |f| f.count()) < 2 {
+        assert!(start.elapsed().as_secs() < 120, "no second checkpoint");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    // SAFETY: plain kill(2) on our own child's pid.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status}");
+    assert!(
+        !d.join("runs/stopped/snapshots/snap_001.hdf5").exists(),
+        "the signal came after the run finished: the test proved nothing"
+    );
+    run(d, &stopped, &["--backend", "cuda", "--resume"], 1);
+    assert!(
+        last_snapshot(d, "stopped") == reference,
+        "the resumed run differs from the straight one"
+    );
+}
