@@ -326,12 +326,19 @@ fn gpu_solver<C: Communicator + 'static>(
         Some(presets),
     )
     .with_device(Box::new(gpu));
-    if let Err(e) = link {
-        solver = solver.with_warning(format!(
-            "NCCL between the GPUs failed ({e}); the LET payload goes through the host"
-        ));
-    }
-    Ok(Box::new(solver))
+    let route = match link {
+        Ok(true) => "through NCCL",
+        Ok(false) => "through the host (the ranks share GPUs, or there is no NCCL library)",
+        Err(e) => {
+            solver = solver.with_warning(format!(
+                "NCCL between the GPUs failed ({e}); the LET payload goes through the host"
+            ));
+            "through the host (NCCL failed)"
+        }
+    };
+    Ok(Box::new(solver.with_note(format!(
+        "the LET payload moves between the GPUs {route}"
+    ))))
 }
 
 /// Without the `cuda` feature no device is ever chosen.
@@ -693,6 +700,9 @@ impl<'a> Simulation<'a> {
                 (particles, state, true)
             }
         };
+        for note in solver.notes() {
+            progress.note(&format!("{}: {note}", c.name));
+        }
         let since = timeline.time(state.ti);
         let residence = match (c.integrator.scheme, solver.resident().is_some()) {
             (StepScheme::Global, true) => {

@@ -104,7 +104,8 @@ fn forces_on_the_emulated_gpu_are_the_cpus_on_one_and_two_ranks() {
     assert!(one_rank <= 1e-5, "{one_rank:e}\n{stdout}");
 
     // Two thread ranks sharing the device: each rank's passes there, its multipoles and
-    // particles for the other gathered there and sent through the host. The f64 near field
+    // particles for the other gathered there and sent through the host (NCCL needs a GPU
+    // per rank). The f64 near field
     // on the CPU ranks, so that the two differ by the device's f32 near field only.
     let out = on_emulated_gpu(dir.path())
         .args(args)
@@ -114,6 +115,27 @@ fn forces_on_the_emulated_gpu_are_the_cpus_on_one_and_two_ranks() {
     let stdout = succeeded(out, "forces on two ranks on the emulated GPU");
     let two_ranks = max_difference(&stdout, "GPU vs CPU accelerations (2 ranks)");
     assert!(two_ranks <= 1e-5, "{two_ranks:e}\n{stdout}");
+
+    // Each rank with a GPU of its own: the payload goes from GPU to GPU through NCCL (the
+    // emulated one), with the same forces, bit for bit.
+    let out = on_emulated_gpu(dir.path())
+        .env("LEAPFMM_EMULATED_GPUS", "2")
+        .args(args)
+        .args(["--ranks", "2", "--near-field", "double", "-o", "nccl.hdf5"])
+        .output()
+        .unwrap();
+    let stdout = succeeded(out, "forces on two ranks on two emulated GPUs");
+    assert!(
+        stdout.contains(
+            "on 2 GPU(s) (leapfmm CPU emulation (not a GPU)), the LET payload through NCCL"
+        ),
+        "{stdout}"
+    );
+    let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
+    assert!(
+        read("nccl.hdf5") == read("two.hdf5"),
+        "NCCL changed the forces"
+    );
 }
 
 /// The coordinates and velocities of every particle type in the last snapshot of run
@@ -283,7 +305,7 @@ fn block_steps_and_two_thread_ranks_on_the_emulated_gpus_follow_the_cpu() {
     );
     assert_close_runs(d, "block_gpu", "block_cpu", 1e-8);
     // Two thread ranks, a GPU each: the distributed FMM with each rank's passes on its GPU,
-    // whose payload carries exact positions. So do the CPU ranks' LET with the f64 near
+    // the payload (which carries exact positions) through NCCL. So do the CPU ranks' LET with the f64 near
     // field (the mixed one's compressed wire moves them by up to 4e-6 of a leaf's radius,
     // 1e-7 of the energy); the GPU has the mixed one only, whose f32 pairs put the
     // energy 2.2e-8 from the f64 ones' here.
@@ -296,6 +318,10 @@ fn block_steps_and_two_thread_ranks_on_the_emulated_gpus_follow_the_cpu() {
         2,
     );
     assert!(gpus.contains("on 2 ranks, solver 'fmm-cuda'"), "{gpus}");
+    assert!(
+        gpus.contains("the LET payload moves between the GPUs through NCCL"),
+        "{gpus}"
+    );
     run(
         d,
         &galaxy_run(d, &ics, "ranks_cpu", exact, ""),

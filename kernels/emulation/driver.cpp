@@ -1,13 +1,15 @@
-// An emulated CUDA driver and NVRTC for the CI machines without a GPU: built as a shared
-// library and found as libcuda.so and libnvrtc.so (tests/gpu_emulated.rs puts it first on
-// LD_LIBRARY_PATH of the binary it runs), it answers the calls cudarc makes, so that the
-// binary's GPU backend runs whole (buffers, copies, launches, the resident pipeline) with
-// every kernel executed under the CPU emulation (cuda_shim.h) on host memory.
+// An emulated CUDA driver, NVRTC and NCCL for the CI machines without a GPU: built as a
+// shared library and found as libcuda.so, libnvrtc.so and libnccl.so (tests/gpu_emulated.rs
+// puts it first on LD_LIBRARY_PATH of the binary it runs), it answers the calls cudarc
+// makes, so that the binary's GPU backend runs whole (buffers, copies, launches, the
+// resident pipeline, the payload between the ranks' GPUs) with every kernel executed under
+// the CPU emulation (cuda_shim.h) on host memory.
 //
 // What it is not: a GPU. Device memory is host memory (a device pointer is a host address),
 // streams and events are synchronous, "PTX" is a stub naming no code (cuModuleGetFunction
-// finds the kernels compiled in here by name), and the one device it reports says it is an
-// emulation. Launches run one at a time (the kernels' `__shared__` variables are static).
+// finds the kernels compiled in here by name), the devices it reports say they are an
+// emulation, and NCCL joins the thread ranks of one process only. Launches run one at a
+// time (the kernels' `__shared__` variables are static).
 #include "cuda_shim.h"
 #include "../p2p.cu"
 #include "../integrate.cu"
@@ -19,7 +21,9 @@
 #include "../split.cu"
 #include <csignal>
 #include <cstdint>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -188,6 +192,112 @@ void* at(unsigned long long dptr) { return reinterpret_cast<void*>(uintptr_t(dpt
 struct Program {
     std::string ptx;
 };
+
+
+// NCCL's state: the communicators of one id (its ranks'), and the messages between them.
+constexpr int NCCL_SUCCESS = 0;
+constexpr int NCCL_INVALID_ARGUMENT = 4;
+constexpr int NCCL_INVALID_USAGE = 5;
+
+struct NcclId {
+    char internal[128];
+};
+
+// A message posted by a send and not yet taken by the matching receive.
+struct NcclMessage {
+    const void* data;
+    size_t bytes;
+    bool taken = false;
+};
+
+struct NcclGroup {
+    explicit NcclGroup(int k) : ranks(k), queues(size_t(k) * size_t(k)) {}
+    const int ranks;
+    std::mutex lock;
+    std::condition_variable changed;
+    // Per (from, to), the messages in the order they were sent.
+    std::vector<std::deque<std::shared_ptr<NcclMessage>>> queues;
+};
+
+struct NcclComm {
+    std::shared_ptr<NcclGroup> group;
+    int rank;
+};
+
+std::mutex nccl_lock;
+std::map<uint64_t, std::shared_ptr<NcclGroup>> nccl_groups;
+
+struct NcclOp {
+    bool send;
+    void* data;
+    size_t bytes;
+    int peer;
+    NcclComm* comm;
+};
+
+// The operations of this thread's open group (ncclGroupStart … ncclGroupEnd).
+struct NcclPending {
+    int depth = 0;
+    std::vector<NcclOp> ops;
+};
+thread_local NcclPending nccl_pending;
+
+size_t nccl_size(int type) {
+    switch (type) {
+        case 0: case 1: return 1;       // int8, uint8
+        case 6: case 9: return 2;       // float16, bfloat16
+        case 4: case 5: case 8: return 8;  // int64, uint64, float64
+        default: return 4;              // int32, uint32, float32
+    }
+}
+
+// Runs the group's operations as NCCL completes them: every send posted, then every receive
+// waits for its peer's next message to it (which must be as long) and copies it, then every
+// send waits until its message was taken (its buffer may be reused after the group).
+int nccl_flush() {
+    std::vector<NcclOp> ops;
+    ops.swap(nccl_pending.ops);
+    std::vector<std::pair<NcclGroup*, std::shared_ptr<NcclMessage>>> sent;
+    for (const NcclOp& op : ops) {
+        if (!op.send) continue;
+        NcclGroup& g = *op.comm->group;
+        auto m = std::make_shared<NcclMessage>(NcclMessage{op.data, op.bytes});
+        std::lock_guard<std::mutex> l(g.lock);
+        g.queues[size_t(op.comm->rank) * size_t(g.ranks) + size_t(op.peer)].push_back(m);
+        sent.emplace_back(&g, m);
+        g.changed.notify_all();
+    }
+    for (const NcclOp& op : ops) {
+        if (op.send) continue;
+        NcclGroup& g = *op.comm->group;
+        std::unique_lock<std::mutex> l(g.lock);
+        auto& queue = g.queues[size_t(op.peer) * size_t(g.ranks) + size_t(op.comm->rank)];
+        g.changed.wait(l, [&] { return !queue.empty(); });
+        std::shared_ptr<NcclMessage> m = queue.front();
+        queue.pop_front();
+        if (m->bytes != op.bytes) {
+            std::fprintf(stderr,
+                         "emulation: NCCL rank %d receives %zu bytes from rank %d, which sent "
+                         "%zu\n",
+                         op.comm->rank, op.bytes, op.peer, m->bytes);
+            std::abort();
+        }
+        if (op.bytes > 0) std::memcpy(op.data, m->data, op.bytes);
+        m->taken = true;
+        g.changed.notify_all();
+    }
+    for (auto& [g, m] : sent) {
+        std::unique_lock<std::mutex> l(g->lock);
+        g->changed.wait(l, [&] { return m->taken; });
+    }
+    return NCCL_SUCCESS;
+}
+
+int nccl_post(const NcclOp& op) {
+    if (op.peer < 0 || op.peer >= op.comm->group->ranks) return NCCL_INVALID_ARGUMENT;
+    nccl_pending.ops.push_back(op);
+    return nccl_pending.depth == 0 ? nccl_flush() : NCCL_SUCCESS;
+}
 
 }  // namespace
 
@@ -439,5 +549,64 @@ int nvrtcDestroyProgram(Program** program) {
     return NVRTC_SUCCESS;
 }
 const char* nvrtcGetErrorString(int) { return "NVRTC emulation error"; }
+
+
+// ---- NCCL (nccl.h): point-to-point between the thread ranks of this process ----
+
+int ncclGetVersion(int* version) {
+    *version = 22005;
+    return NCCL_SUCCESS;
+}
+const char* ncclGetErrorString(int) { return "NCCL emulation error"; }
+const char* ncclGetLastError(void*) { return "NCCL emulation error"; }
+
+int ncclGetUniqueId(NcclId* id) {
+    static std::atomic<uint64_t> next{1};
+    std::memset(id->internal, 0, sizeof id->internal);
+    const uint64_t token = next++;
+    std::memcpy(id->internal, &token, sizeof token);
+    return NCCL_SUCCESS;
+}
+
+int ncclCommInitRank(NcclComm** comm, int ranks, NcclId id, int rank) {
+    if (ranks < 1 || rank < 0 || rank >= ranks) return NCCL_INVALID_ARGUMENT;
+    uint64_t token;
+    std::memcpy(&token, id.internal, sizeof token);
+    std::lock_guard<std::mutex> g(nccl_lock);
+    std::shared_ptr<NcclGroup>& group = nccl_groups[token];
+    if (!group) group = std::make_shared<NcclGroup>(ranks);
+    if (group->ranks != ranks) return NCCL_INVALID_ARGUMENT;
+    *comm = new NcclComm{group, rank};
+    return NCCL_SUCCESS;
+}
+int ncclCommDestroy(NcclComm* comm) {
+    delete comm;
+    return NCCL_SUCCESS;
+}
+int ncclCommAbort(NcclComm* comm) { return ncclCommDestroy(comm); }
+int ncclCommCount(const NcclComm* comm, int* count) {
+    *count = comm->group->ranks;
+    return NCCL_SUCCESS;
+}
+int ncclCommUserRank(const NcclComm* comm, int* rank) {
+    *rank = comm->rank;
+    return NCCL_SUCCESS;
+}
+
+int ncclGroupStart() {
+    ++nccl_pending.depth;
+    return NCCL_SUCCESS;
+}
+int ncclGroupEnd() {
+    if (nccl_pending.depth == 0) return NCCL_INVALID_USAGE;
+    if (--nccl_pending.depth == 0) return nccl_flush();
+    return NCCL_SUCCESS;
+}
+int ncclSend(const void* data, size_t count, int type, int peer, NcclComm* comm, void*) {
+    return nccl_post(NcclOp{true, const_cast<void*>(data), count * nccl_size(type), peer, comm});
+}
+int ncclRecv(void* data, size_t count, int type, int peer, NcclComm* comm, void*) {
+    return nccl_post(NcclOp{false, data, count * nccl_size(type), peer, comm});
+}
 
 }  // extern "C"

@@ -69,6 +69,8 @@ pub struct DistributedFmm<C: Communicator> {
     caps_known: bool,
     saved_caps: Option<Caps>,
     warnings: Vec<String>,
+    /// What `notes` says (e.g. how the payload travels).
+    notes: Vec<String>,
     /// Softening length per component (`Component::index`), when they differ.
     component_softening: Option<[f64; 4]>,
     /// Where the passes run when not on the host.
@@ -307,6 +309,7 @@ impl<C: Communicator> DistributedFmm<C> {
             caps_known: false,
             saved_caps: None,
             warnings: Vec::new(),
+            notes: Vec::new(),
             component_softening: None,
             device: None,
         }
@@ -322,6 +325,12 @@ impl<C: Communicator> DistributedFmm<C> {
     /// Adds a warning for the next `take_warnings` (e.g. about the device link).
     pub fn with_warning(mut self, warning: String) -> Self {
         self.warnings.push(warning);
+        self
+    }
+
+    /// Adds a line for `notes` (e.g. how the payload travels between the devices).
+    pub fn with_note(mut self, note: String) -> Self {
+        self.notes.push(note);
         self
     }
 
@@ -654,6 +663,10 @@ impl<C: Communicator + 'static> GravitySolver for DistributedFmm<C> {
         let mut names = FmmStats::stat_names();
         names.extend(RANK_COLUMNS.iter().map(|c| c.0));
         names
+    }
+
+    fn notes(&self) -> Vec<String> {
+        self.notes.clone()
     }
 
     fn take_warnings(&mut self) -> Vec<String> {

@@ -100,6 +100,12 @@ pub trait GravitySolver: Send {
         Vec::new()
     }
 
+    /// Lines for the run's log on how the solver works (e.g. how the ranks' GPUs exchange
+    /// data), printed once at the start.
+    fn notes(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Buffer capacities to store in a checkpoint, if the solver has any.
     fn caps(&self) -> Option<Caps> {
         None

@@ -17,8 +17,9 @@ pub fn harness() -> PathBuf {
         .clone()
 }
 
-/// A folder holding the emulated driver (kernels/emulation/driver.cpp) as `libcuda.so` and
-/// as `libnvrtc.so`: first on a process's LD_LIBRARY_PATH, it is the GPU cudarc finds.
+/// A folder holding the emulated driver (kernels/emulation/driver.cpp) as `libcuda.so`,
+/// `libnvrtc.so` and `libnccl.so`: first on a process's LD_LIBRARY_PATH, it is the GPU
+/// (and the NCCL) cudarc finds.
 pub fn driver() -> PathBuf {
     static BUILT: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
     BUILT
@@ -91,7 +92,9 @@ fn build(source: &str, prefix: &str, extra: &[&str]) -> PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     if library {
-        std::os::unix::fs::symlink("libcuda.so", building.join("libnvrtc.so")).unwrap();
+        for name in ["libnvrtc.so", "libnccl.so"] {
+            std::os::unix::fs::symlink("libcuda.so", building.join(name)).unwrap();
+        }
     }
     // A rename onto a folder another process put there first fails; theirs is as good.
     if std::fs::rename(&building, &built).is_err() {
