@@ -21,6 +21,7 @@
 #include "../split.cu"
 #include <csignal>
 #include <cstdint>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -196,6 +197,7 @@ struct Program {
 
 // NCCL's state: the communicators of one id (its ranks'), and the messages between them.
 constexpr int NCCL_SUCCESS = 0;
+constexpr int NCCL_INTERNAL_ERROR = 3;
 constexpr int NCCL_INVALID_ARGUMENT = 4;
 constexpr int NCCL_INVALID_USAGE = 5;
 
@@ -213,6 +215,7 @@ struct NcclMessage {
 struct NcclGroup {
     explicit NcclGroup(int k) : ranks(k), queues(size_t(k) * size_t(k)) {}
     const int ranks;
+    int joined = 0;
     std::mutex lock;
     std::condition_variable changed;
     // Per (from, to), the messages in the order they were sent.
@@ -568,14 +571,30 @@ int ncclGetUniqueId(NcclId* id) {
     return NCCL_SUCCESS;
 }
 
+// Waits, as NCCL does, until every rank has joined; ranks in other processes never join
+// here (the emulation links the threads of one process), so after a minute it gives up.
 int ncclCommInitRank(NcclComm** comm, int ranks, NcclId id, int rank) {
     if (ranks < 1 || rank < 0 || rank >= ranks) return NCCL_INVALID_ARGUMENT;
     uint64_t token;
     std::memcpy(&token, id.internal, sizeof token);
-    std::lock_guard<std::mutex> g(nccl_lock);
-    std::shared_ptr<NcclGroup>& group = nccl_groups[token];
-    if (!group) group = std::make_shared<NcclGroup>(ranks);
+    std::shared_ptr<NcclGroup> group;
+    {
+        std::lock_guard<std::mutex> g(nccl_lock);
+        std::shared_ptr<NcclGroup>& slot = nccl_groups[token];
+        if (!slot) slot = std::make_shared<NcclGroup>(ranks);
+        group = slot;
+    }
     if (group->ranks != ranks) return NCCL_INVALID_ARGUMENT;
+    std::unique_lock<std::mutex> l(group->lock);
+    ++group->joined;
+    group->changed.notify_all();
+    if (!group->changed.wait_for(l, std::chrono::minutes(1),
+                                 [&] { return group->joined == ranks; })) {
+        std::fprintf(stderr, "emulation: NCCL rank %d of %d: the other ranks never joined "
+                             "(the emulation links the threads of one process)\n",
+                     rank, ranks);
+        return NCCL_INTERNAL_ERROR;
+    }
     *comm = new NcclComm{group, rank};
     return NCCL_SUCCESS;
 }
