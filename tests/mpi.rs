@@ -1,6 +1,7 @@
 //! MPI ranks (`cargo nextest run --features mpi`, needs `mpirun` from openmpi-bin): a run and
 //! a force evaluation under `mpirun -n 2` / `-n 3` give the same bits as the same number of
-//! thread ranks, and a failure stops every rank with a clear message.
+//! thread ranks, on the CPU and on the GPU backend (the emulated driver of
+//! tests/gpu_emulated.rs), and a failure stops every rank with a clear message.
 #![cfg(feature = "mpi")]
 
 mod common;
@@ -12,15 +13,27 @@ use std::time::{Duration, Instant};
 
 /// `mpirun -n ranks leapfmm args…` in `dir` (as root too, more ranks than cores allowed).
 fn mpirun(dir: &Path, ranks: usize, args: &[&str]) -> Output {
-    Command::new("mpirun")
-        .current_dir(dir)
-        .args([
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-n",
-            &ranks.to_string(),
-        ])
-        .arg(env!("CARGO_BIN_EXE_leapfmm"))
+    mpirun_with(dir, ranks, args, &[])
+}
+
+/// `mpirun` with the variables `env` set for every rank.
+fn mpirun_with(
+    dir: &Path,
+    ranks: usize,
+    args: &[&str],
+    env: &[(&str, &std::ffi::OsStr)],
+) -> Output {
+    let mut cmd = Command::new("mpirun");
+    cmd.current_dir(dir).args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-n",
+        &ranks.to_string(),
+    ]);
+    for (name, value) in env {
+        cmd.args(["-x", name]).env(name, value);
+    }
+    cmd.arg(env!("CARGO_BIN_EXE_leapfmm"))
         .args(args)
         .env("OMPI_MCA_rmaps_base_oversubscribe", "1")
         .output()
@@ -28,7 +41,13 @@ fn mpirun(dir: &Path, ranks: usize, args: &[&str]) -> Output {
 }
 
 fn galaxy_config(dir: &Path, name: &str) -> std::path::PathBuf {
-    let text = format!(
+    let text = galaxy_text(name);
+    write(dir, &format!("{name}.toml"), &text)
+}
+
+/// The galaxy run's config text (20 fixed steps of 12000 particles).
+fn galaxy_text(name: &str) -> String {
+    format!(
         r#"name = "{name}"
 output_dir = "runs"
 seed = 3
@@ -53,8 +72,7 @@ checkpoint_interval = 0.01
 snapshot_precision = "double"
 "#,
         model = repo("ics/small_disk.toml").display()
-    );
-    write(dir, &format!("{name}.toml"), &text)
+    )
 }
 
 fn final_state(run: &Path, ranks: usize) -> Vec<Vec<u8>> {
@@ -167,4 +185,54 @@ fn a_failure_under_mpirun_stops_every_rank_with_a_message() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("missing.hdf5"), "{err}");
     assert!(start.elapsed() < Duration::from_secs(60), "no hang");
+}
+
+#[test]
+fn mpi_ranks_on_the_emulated_gpu_run_like_thread_ranks() {
+    // The GPU backend on the emulated driver (tests/gpu_emulated.rs): one device, which the
+    // two ranks share, so the payload goes through MPI; 4 steps.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let driver = emulation::driver();
+    let home = d.as_os_str();
+    let env = [("LD_LIBRARY_PATH", driver.as_os_str()), ("HOME", home)];
+    let short = |name: &str| {
+        let text = galaxy_text(name)
+            .replace("t_end = 0.02", "t_end = 0.004")
+            .replace("snapshot_interval = 0.02", "snapshot_interval = 0.004")
+            .replace("checkpoint_interval = 0.01", "checkpoint_interval = 0.002");
+        write(d, &format!("{name}.toml"), &text)
+    };
+    let config = short("mpi_gpu");
+    let args = ["run", config.to_str().unwrap(), "--backend", "cuda"];
+    let out = mpirun_with(d, 2, &args, &env);
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{text}");
+    assert!(text.contains("solver 'fmm-cuda'"), "{text}");
+    let config = short("threads_gpu");
+    let out = bin()
+        .current_dir(d)
+        .envs(env)
+        .env("LEAPFMM_EMULATED_GPUS", "2")
+        .args([
+            "run",
+            config.to_str().unwrap(),
+            "--backend",
+            "cuda",
+            "--ranks",
+            "2",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let a = final_state(&d.join("runs/mpi_gpu"), 2);
+    let b = final_state(&d.join("runs/threads_gpu"), 2);
+    assert!(
+        a == b,
+        "2 MPI ranks on the GPU differ from 2 thread ranks on it"
+    );
 }

@@ -65,6 +65,26 @@ std::map<uintptr_t, Mapping> allocations;
 // The kernel running now, for `report_fault`.
 const char* volatile running_kernel = nullptr;
 
+// With LEAPFMM_EMULATED_TRACE set, what a process asked of the devices, printed when it
+// ends: the traffic between host and device a real GPU would see, and its waits.
+struct Traffic {
+    std::atomic<uint64_t> launches{0}, waits{0}, allocations{0};
+    std::atomic<uint64_t> up{0}, up_bytes{0}, down{0}, down_bytes{0}, within{0}, within_bytes{0};
+    ~Traffic() {
+        if (!std::getenv("LEAPFMM_EMULATED_TRACE")) return;
+        std::fprintf(stderr,
+                     "emulated devices: %llu launches, %llu waits (stream or event), %llu "
+                     "allocations; host to device %llu copies, %llu bytes; device to host %llu "
+                     "copies, %llu bytes; device to device %llu copies, %llu bytes\n",
+                     (unsigned long long)launches, (unsigned long long)waits,
+                     (unsigned long long)allocations, (unsigned long long)up,
+                     (unsigned long long)up_bytes, (unsigned long long)down,
+                     (unsigned long long)down_bytes, (unsigned long long)within,
+                     (unsigned long long)within_bytes);
+    }
+};
+Traffic traffic;
+
 size_t page() {
     static const size_t bytes = size_t(sysconf(_SC_PAGESIZE));
     return bytes;
@@ -155,6 +175,7 @@ int allocate(unsigned long long* dptr, size_t bytes) {
     void* p = mmap(nullptr, pages + page(), PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
+    ++traffic.allocations;
     char* base = static_cast<char*>(p);
     mprotect(base + pages, page(), PROT_NONE);
     const uintptr_t start = reinterpret_cast<uintptr_t>(base + pages - used);
@@ -381,7 +402,10 @@ int cuCtxGetDevice(int* device) {
     *device = current_context ? current_context->device : 0;
     return CUDA_SUCCESS;
 }
-int cuCtxSynchronize() { return CUDA_SUCCESS; }
+int cuCtxSynchronize() {
+    ++traffic.waits;
+    return CUDA_SUCCESS;
+}
 
 int cuStreamCreate(void** stream, unsigned) {
     *stream = new Handle;
@@ -391,7 +415,10 @@ int cuStreamDestroy_v2(void* stream) {
     delete static_cast<Handle*>(stream);
     return CUDA_SUCCESS;
 }
-int cuStreamSynchronize(void*) { return CUDA_SUCCESS; }
+int cuStreamSynchronize(void*) {
+    ++traffic.waits;
+    return CUDA_SUCCESS;
+}
 int cuStreamQuery(void*) { return CUDA_SUCCESS; }
 int cuStreamWaitEvent(void*, void*, unsigned) { return CUDA_SUCCESS; }
 
@@ -404,7 +431,10 @@ int cuEventDestroy_v2(void* event) {
     return CUDA_SUCCESS;
 }
 int cuEventRecord(void*, void*) { return CUDA_SUCCESS; }
-int cuEventSynchronize(void*) { return CUDA_SUCCESS; }
+int cuEventSynchronize(void*) {
+    ++traffic.waits;
+    return CUDA_SUCCESS;
+}
 int cuEventQuery(void*) { return CUDA_SUCCESS; }
 int cuEventElapsedTime(float* ms, void*, void*) {
     *ms = 0.0f;
@@ -435,6 +465,8 @@ int cuMemFreeHost(void* p) {
 }
 
 int cuMemcpyHtoD_v2(unsigned long long dst, const void* src, size_t bytes) {
+    ++traffic.up;
+    traffic.up_bytes += bytes;
     std::memcpy(at(dst), src, bytes);
     return CUDA_SUCCESS;
 }
@@ -442,6 +474,8 @@ int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, size_t bytes, 
     return cuMemcpyHtoD_v2(dst, src, bytes);
 }
 int cuMemcpyDtoH_v2(void* dst, unsigned long long src, size_t bytes) {
+    ++traffic.down;
+    traffic.down_bytes += bytes;
     std::memcpy(dst, at(src), bytes);
     return CUDA_SUCCESS;
 }
@@ -449,6 +483,8 @@ int cuMemcpyDtoHAsync_v2(void* dst, unsigned long long src, size_t bytes, void*)
     return cuMemcpyDtoH_v2(dst, src, bytes);
 }
 int cuMemcpyDtoD_v2(unsigned long long dst, unsigned long long src, size_t bytes) {
+    ++traffic.within;
+    traffic.within_bytes += bytes;
     std::memmove(at(dst), at(src), bytes);
     return CUDA_SUCCESS;
 }
@@ -498,6 +534,7 @@ int cuLaunchKernel(void* function, unsigned gx, unsigned gy, unsigned gz, unsign
     std::lock_guard<std::mutex> g(lock);
     const Kernel* kernel = static_cast<const Kernel*>(function);
     running_kernel = kernel->name;
+    ++traffic.launches;
     kernel->run(gx, bx, params);
     running_kernel = nullptr;
     return CUDA_SUCCESS;

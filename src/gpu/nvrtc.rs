@@ -128,8 +128,11 @@ pub fn compile_all(arch: &str, cache: Option<&Path>) -> Result<Vec<CompiledKerne
             })?
             .to_src();
         if let Some(f) = &file {
-            // Written under a temporary name and renamed: a reader never sees half a file.
-            let tmp = f.with_extension("ptx.tmp");
+            // Written under a temporary name of its own and renamed: a reader never sees half
+            // a file, and ranks (threads or processes) compiling at once never share one.
+            static WRITES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+            let write = WRITES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let tmp = f.with_extension(format!("ptx.{}.{write}.tmp", std::process::id()));
             std::fs::write(&tmp, &ptx).map_err(|e| cache_err(&tmp, e))?;
             std::fs::rename(&tmp, f).map_err(|e| cache_err(f, e))?;
         }
