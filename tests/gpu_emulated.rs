@@ -385,3 +385,24 @@ fn a_resident_run_on_the_emulated_gpu_stopped_and_resumed_repeats_its_bits() {
         "the resumed run differs from the straight one"
     );
 }
+
+#[test]
+fn a_run_that_does_not_fit_on_the_emulated_gpu_stops_with_one_clear_sentence() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ics = galaxy(d, 3000);
+    // 20 MB: the state fits, the walk's rings (512 MiB) do not.
+    let out = on_emulated_gpu(d)
+        .env("LEAPFMM_EMULATED_MEMORY", "20000000")
+        .args(["run", galaxy_run(d, &ics, "full", "", "").to_str().unwrap()])
+        .args(["--backend", "cuda"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("error: GPU backend: the GPU's memory is full (CUDA_ERROR_OUT_OF_MEMORY): run fewer particles per GPU"),
+        "{err}"
+    );
+    assert!(!err.contains("panicked"), "{err}");
+}

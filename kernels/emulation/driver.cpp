@@ -51,17 +51,26 @@ constexpr int ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 
-// The device's memory as reported (allocations are host memory, granted while it lasts).
-constexpr size_t TOTAL_MEMORY = size_t(16) << 30;
+// The device's memory as reported and granted (host memory): LEAPFMM_EMULATED_MEMORY bytes,
+// 16 GiB by default; an allocation beyond it fails as on a full GPU.
+size_t total_memory() {
+    static const size_t bytes = [] {
+        const char* v = std::getenv("LEAPFMM_EMULATED_MEMORY");
+        return v ? size_t(std::strtoull(v, nullptr, 10)) : size_t(16) << 30;
+    }();
+    return bytes;
+}
 
 // An allocation's whole mapping (its pages and the guard page after them).
 struct Mapping {
     char* base;
     size_t bytes;
+    size_t asked;  // the allocation's own size
 };
 
 std::mutex lock;  // allocations and launches
 std::map<uintptr_t, Mapping> allocations;
+size_t allocated = 0;  // bytes asked for by the live allocations
 // The kernel running now, for `report_fault`.
 const char* volatile running_kernel = nullptr;
 
@@ -170,6 +179,8 @@ void zero(char* p, size_t bytes) {
 constexpr size_t ALIGN = 16;
 
 int allocate(unsigned long long* dptr, size_t bytes) {
+    std::lock_guard<std::mutex> g(lock);
+    if (bytes > total_memory() - allocated) return CUDA_ERROR_OUT_OF_MEMORY;
     const size_t used = std::max<size_t>(ALIGN, (bytes + ALIGN - 1) / ALIGN * ALIGN);
     const size_t pages = (used + page() - 1) / page() * page();
     void* p = mmap(nullptr, pages + page(), PROT_READ | PROT_WRITE,
@@ -179,8 +190,8 @@ int allocate(unsigned long long* dptr, size_t bytes) {
     char* base = static_cast<char*>(p);
     mprotect(base + pages, page(), PROT_NONE);
     const uintptr_t start = reinterpret_cast<uintptr_t>(base + pages - used);
-    std::lock_guard<std::mutex> g(lock);
-    allocations[start] = Mapping{base, pages + page()};
+    allocations[start] = Mapping{base, pages + page(), bytes};
+    allocated += bytes;
     *dptr = start;
     return CUDA_SUCCESS;
 }
@@ -190,6 +201,7 @@ int release(unsigned long long dptr) {
     auto it = allocations.find(uintptr_t(dptr));
     if (it == allocations.end()) return CUDA_ERROR_INVALID_VALUE;
     munmap(it->second.base, it->second.bytes);
+    allocated -= it->second.asked;
     allocations.erase(it);
     return CUDA_SUCCESS;
 }
@@ -375,7 +387,7 @@ int cuDeviceGetAttribute(int* value, int attribute, int) {
     return CUDA_SUCCESS;
 }
 int cuDeviceTotalMem_v2(size_t* bytes, int) {
-    *bytes = TOTAL_MEMORY;
+    *bytes = total_memory();
     return CUDA_SUCCESS;
 }
 int cuDeviceGetUuid(char* uuid, int) {
@@ -445,8 +457,9 @@ int cuEventElapsedTime_v2(float* ms, void* start, void* end) {
 }
 
 int cuMemGetInfo_v2(size_t* free, size_t* total) {
-    *free = TOTAL_MEMORY;
-    *total = TOTAL_MEMORY;
+    std::lock_guard<std::mutex> g(lock);
+    *free = total_memory() - allocated;
+    *total = total_memory();
     return CUDA_SUCCESS;
 }
 int cuMemAlloc_v2(unsigned long long* dptr, size_t bytes) { return allocate(dptr, bytes); }

@@ -62,6 +62,11 @@ pub enum GpuError {
     /// The driver reports no device.
     #[error("the CUDA driver reports no GPU")]
     NoDevice,
+    /// The device has no memory left for a buffer.
+    #[error(
+        "the GPU's memory is full (CUDA_ERROR_OUT_OF_MEMORY): run fewer particles per GPU (more GPUs or ranks), or on the CPU (--backend cpu)"
+    )]
+    OutOfMemory,
     /// A driver call failed.
     #[error("CUDA: {0}")]
     Driver(String),
@@ -75,7 +80,10 @@ pub enum GpuError {
 
 impl From<DriverError> for GpuError {
     fn from(e: DriverError) -> Self {
-        GpuError::Driver(format!("{e:?}"))
+        match e.0 {
+            cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => GpuError::OutOfMemory,
+            _ => GpuError::Driver(format!("{e:?}")),
+        }
     }
 }
 
