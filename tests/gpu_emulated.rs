@@ -406,3 +406,35 @@ fn a_run_that_does_not_fit_on_the_emulated_gpu_stops_with_one_clear_sentence() {
     );
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn forces_on_the_emulated_gpu_at_other_orders_leaves_and_kernels_are_the_cpus() {
+    let dir = tempfile::tempdir().unwrap();
+    let ics = galaxy(dir.path(), 3000);
+    let ics = ics.to_str().unwrap();
+    // Order 3 takes the rotated M2L, 12 the direct form's general kernel; small and large
+    // leaves; the Plummer pair and the Newtonian one.
+    for settings in [
+        &[
+            "--order",
+            "3",
+            "--leaf-size",
+            "16",
+            "--softening",
+            "0.05",
+            "--kernel",
+            "plummer",
+        ][..],
+        &["--order", "12", "--theta", "0.5", "--softening", "0.05"],
+        &["--leaf-size", "512", "--softening", "0"],
+    ] {
+        let out = on_emulated_gpu(dir.path())
+            .args(["forces", ics, "--backend", "cuda", "-o", "f.hdf5"])
+            .args(settings)
+            .output()
+            .unwrap();
+        let stdout = succeeded(out, &format!("forces {settings:?}"));
+        let max = max_difference(&stdout, "GPU vs CPU accelerations (one rank)");
+        assert!(max <= 1e-5, "{settings:?}: {max:e}\n{stdout}");
+    }
+}
