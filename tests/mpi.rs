@@ -188,14 +188,14 @@ fn a_failure_under_mpirun_stops_every_rank_with_a_message() {
 }
 
 #[test]
-fn mpi_ranks_on_the_emulated_gpu_run_like_thread_ranks() {
-    // The GPU backend on the emulated driver (tests/gpu_emulated.rs): one device, which the
-    // two ranks share, so the payload goes through MPI; 4 steps.
+fn mpi_ranks_on_the_emulated_gpus_run_like_thread_ranks() {
+    // The GPU backend on the emulated driver (tests/gpu_emulated.rs), 4 steps. The MPI ranks
+    // on one device, which they share: the payload through MPI; on two: through NCCL (its
+    // id made on rank 0 and sent over MPI). The thread ranks on two (one each, as they
+    // must): through NCCL. The same bits, all three.
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let driver = emulation::driver();
-    let home = d.as_os_str();
-    let env = [("LD_LIBRARY_PATH", driver.as_os_str()), ("HOME", home)];
     let short = |name: &str| {
         let text = galaxy_text(name)
             .replace("t_end = 0.02", "t_end = 0.004")
@@ -203,17 +203,33 @@ fn mpi_ranks_on_the_emulated_gpu_run_like_thread_ranks() {
             .replace("checkpoint_interval = 0.01", "checkpoint_interval = 0.002");
         write(d, &format!("{name}.toml"), &text)
     };
-    let config = short("mpi_gpu");
-    let args = ["run", config.to_str().unwrap(), "--backend", "cuda"];
-    let out = mpirun_with(d, 2, &args, &env);
-    let text = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{text}");
-    assert!(text.contains("solver 'fmm-cuda'"), "{text}");
-    let config = short("threads_gpu");
+    let gpus = |k: &'static str| {
+        [
+            ("LD_LIBRARY_PATH", driver.as_os_str()),
+            ("HOME", d.as_os_str()),
+            ("TMPDIR", d.as_os_str()),
+            ("LEAPFMM_EMULATED_GPUS", std::ffi::OsStr::new(k)),
+        ]
+    };
+    for (name, k, route) in [
+        ("mpi_one_gpu", "1", "through the host"),
+        ("mpi_two_gpus", "2", "through NCCL"),
+    ] {
+        let config = short(name);
+        let args = ["run", config.to_str().unwrap(), "--backend", "cuda"];
+        let out = mpirun_with(d, 2, &args, &gpus(k));
+        let text = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{text}");
+        assert!(text.contains("solver 'fmm-cuda'"), "{text}");
+        assert!(
+            text.contains(&format!("the LET payload moves between the GPUs {route}")),
+            "{text}"
+        );
+    }
+    let config = short("threads_gpus");
     let out = bin()
         .current_dir(d)
-        .envs(env)
-        .env("LEAPFMM_EMULATED_GPUS", "2")
+        .envs(gpus("2"))
         .args([
             "run",
             config.to_str().unwrap(),
@@ -229,10 +245,11 @@ fn mpi_ranks_on_the_emulated_gpu_run_like_thread_ranks() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let a = final_state(&d.join("runs/mpi_gpu"), 2);
-    let b = final_state(&d.join("runs/threads_gpu"), 2);
-    assert!(
-        a == b,
-        "2 MPI ranks on the GPU differ from 2 thread ranks on it"
-    );
+    let threads = final_state(&d.join("runs/threads_gpus"), 2);
+    for name in ["mpi_one_gpu", "mpi_two_gpus"] {
+        assert!(
+            final_state(&d.join("runs").join(name), 2) == threads,
+            "{name} differs from 2 thread ranks on 2 GPUs"
+        );
+    }
 }

@@ -8,8 +8,8 @@
 // What it is not: a GPU. Device memory is host memory (a device pointer is a host address),
 // streams and events are synchronous, "PTX" is a stub naming no code (cuModuleGetFunction
 // finds the kernels compiled in here by name), the devices it reports say they are an
-// emulation, and NCCL joins the thread ranks of one process only. Launches run one at a
-// time (the kernels' `__shared__` variables are static).
+// emulation, and NCCL's messages go through files. Launches run one at a time (the
+// kernels' `__shared__` variables are static).
 #include "cuda_shim.h"
 #include "../p2p.cu"
 #include "../integrate.cu"
@@ -22,13 +22,13 @@
 #include <csignal>
 #include <cstdint>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
 #include <sys/mman.h>
+#include <sys/stat.h>
+#include <thread>
 #include <type_traits>
 #include <unistd.h>
 #include <utility>
@@ -228,40 +228,27 @@ struct Program {
 };
 
 
-// NCCL's state: the communicators of one id (its ranks'), and the messages between them.
+// NCCL's state. The ranks of one id meet in a folder of their own under
+// $TMPDIR/leapfmm-emulated-nccl (a file per rank that joined, a file per message), so ranks
+// in other processes (MPI) meet as well as threads of one.
 constexpr int NCCL_SUCCESS = 0;
+constexpr int NCCL_SYSTEM_ERROR = 2;
 constexpr int NCCL_INTERNAL_ERROR = 3;
 constexpr int NCCL_INVALID_ARGUMENT = 4;
 constexpr int NCCL_INVALID_USAGE = 5;
+constexpr auto NCCL_PATIENCE = std::chrono::minutes(1);
 
 struct NcclId {
     char internal[128];
 };
 
-// A message posted by a send and not yet taken by the matching receive.
-struct NcclMessage {
-    const void* data;
-    size_t bytes;
-    bool taken = false;
-};
-
-struct NcclGroup {
-    explicit NcclGroup(int k) : ranks(k), queues(size_t(k) * size_t(k)) {}
-    const int ranks;
-    int joined = 0;
-    std::mutex lock;
-    std::condition_variable changed;
-    // Per (from, to), the messages in the order they were sent.
-    std::vector<std::deque<std::shared_ptr<NcclMessage>>> queues;
-};
-
 struct NcclComm {
-    std::shared_ptr<NcclGroup> group;
+    std::string folder;
+    int ranks;
     int rank;
+    // Messages sent to and received from each peer so far: the next one's number.
+    std::vector<uint64_t> sent, received;
 };
-
-std::mutex nccl_lock;
-std::map<uint64_t, std::shared_ptr<NcclGroup>> nccl_groups;
 
 struct NcclOp {
     bool send;
@@ -280,57 +267,77 @@ thread_local NcclPending nccl_pending;
 
 size_t nccl_size(int type) {
     switch (type) {
-        case 0: case 1: return 1;       // int8, uint8
-        case 6: case 9: return 2;       // float16, bfloat16
+        case 0: case 1: return 1;          // int8, uint8
+        case 6: case 9: return 2;          // float16, bfloat16
         case 4: case 5: case 8: return 8;  // int64, uint64, float64
-        default: return 4;              // int32, uint32, float32
+        default: return 4;                 // int32, uint32, float32
     }
 }
 
-// Runs the group's operations as NCCL completes them: every send posted, then every receive
-// waits for its peer's next message to it (which must be as long) and copies it, then every
-// send waits until its message was taken (its buffer may be reused after the group).
+std::string nccl_message(const NcclComm& c, int from, int to, uint64_t number) {
+    return c.folder + "/message." + std::to_string(from) + "." + std::to_string(to) + "." +
+           std::to_string(number);
+}
+
+// Waits until `path` exists; false after NCCL_PATIENCE.
+bool nccl_wait_for(const std::string& path) {
+    const auto start = std::chrono::steady_clock::now();
+    while (access(path.c_str(), F_OK) != 0) {
+        if (std::chrono::steady_clock::now() - start > NCCL_PATIENCE) return false;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return true;
+}
+
+// Runs the group's operations: every send written (under a temporary name, then renamed,
+// so a receiver never reads half a message), then every receive waits for its peer's next
+// message to it, which must be as long, and takes it.
 int nccl_flush() {
     std::vector<NcclOp> ops;
     ops.swap(nccl_pending.ops);
-    std::vector<std::pair<NcclGroup*, std::shared_ptr<NcclMessage>>> sent;
     for (const NcclOp& op : ops) {
         if (!op.send) continue;
-        NcclGroup& g = *op.comm->group;
-        auto m = std::make_shared<NcclMessage>(NcclMessage{op.data, op.bytes});
-        std::lock_guard<std::mutex> l(g.lock);
-        g.queues[size_t(op.comm->rank) * size_t(g.ranks) + size_t(op.peer)].push_back(m);
-        sent.emplace_back(&g, m);
-        g.changed.notify_all();
+        NcclComm& c = *op.comm;
+        const std::string path = nccl_message(c, c.rank, op.peer, c.sent[size_t(op.peer)]++);
+        const std::string tmp = path + ".tmp";
+        FILE* f = std::fopen(tmp.c_str(), "wb");
+        if (!f) return NCCL_SYSTEM_ERROR;
+        const bool written = op.bytes == 0 || std::fwrite(op.data, 1, op.bytes, f) == op.bytes;
+        if (std::fclose(f) != 0 || !written || std::rename(tmp.c_str(), path.c_str()) != 0) {
+            return NCCL_SYSTEM_ERROR;
+        }
     }
     for (const NcclOp& op : ops) {
         if (op.send) continue;
-        NcclGroup& g = *op.comm->group;
-        std::unique_lock<std::mutex> l(g.lock);
-        auto& queue = g.queues[size_t(op.peer) * size_t(g.ranks) + size_t(op.comm->rank)];
-        g.changed.wait(l, [&] { return !queue.empty(); });
-        std::shared_ptr<NcclMessage> m = queue.front();
-        queue.pop_front();
-        if (m->bytes != op.bytes) {
+        NcclComm& c = *op.comm;
+        const std::string path = nccl_message(c, op.peer, c.rank, c.received[size_t(op.peer)]++);
+        if (!nccl_wait_for(path)) {
+            std::fprintf(stderr, "emulation: NCCL rank %d waited in vain for rank %d\n", c.rank,
+                         op.peer);
+            return NCCL_INTERNAL_ERROR;
+        }
+        FILE* f = std::fopen(path.c_str(), "rb");
+        if (!f) return NCCL_SYSTEM_ERROR;
+        std::fseek(f, 0, SEEK_END);
+        const size_t bytes = size_t(std::ftell(f));
+        std::fseek(f, 0, SEEK_SET);
+        if (bytes != op.bytes) {
             std::fprintf(stderr,
                          "emulation: NCCL rank %d receives %zu bytes from rank %d, which sent "
                          "%zu\n",
-                         op.comm->rank, op.bytes, op.peer, m->bytes);
+                         c.rank, op.bytes, op.peer, bytes);
             std::abort();
         }
-        if (op.bytes > 0) std::memcpy(op.data, m->data, op.bytes);
-        m->taken = true;
-        g.changed.notify_all();
-    }
-    for (auto& [g, m] : sent) {
-        std::unique_lock<std::mutex> l(g->lock);
-        g->changed.wait(l, [&] { return m->taken; });
+        const bool read = bytes == 0 || std::fread(op.data, 1, bytes, f) == bytes;
+        std::fclose(f);
+        std::remove(path.c_str());
+        if (!read) return NCCL_SYSTEM_ERROR;
     }
     return NCCL_SUCCESS;
 }
 
 int nccl_post(const NcclOp& op) {
-    if (op.peer < 0 || op.peer >= op.comm->group->ranks) return NCCL_INVALID_ARGUMENT;
+    if (op.peer < 0 || op.peer >= op.comm->ranks) return NCCL_INVALID_ARGUMENT;
     nccl_pending.ops.push_back(op);
     return nccl_pending.depth == 0 ? nccl_flush() : NCCL_SUCCESS;
 }
@@ -604,7 +611,7 @@ int nvrtcDestroyProgram(Program** program) {
 const char* nvrtcGetErrorString(int) { return "NVRTC emulation error"; }
 
 
-// ---- NCCL (nccl.h): point-to-point between the thread ranks of this process ----
+// ---- NCCL (nccl.h): point-to-point between ranks, through files ----
 
 int ncclGetVersion(int* version) {
     *version = 22005;
@@ -613,48 +620,50 @@ int ncclGetVersion(int* version) {
 const char* ncclGetErrorString(int) { return "NCCL emulation error"; }
 const char* ncclGetLastError(void*) { return "NCCL emulation error"; }
 
+// An id no other process or run shares: this process, a count, the time.
 int ncclGetUniqueId(NcclId* id) {
-    static std::atomic<uint64_t> next{1};
+    static std::atomic<uint64_t> count{0};
+    const auto now = std::chrono::system_clock::now().time_since_epoch().count();
     std::memset(id->internal, 0, sizeof id->internal);
-    const uint64_t token = next++;
-    std::memcpy(id->internal, &token, sizeof token);
+    std::snprintf(id->internal, sizeof id->internal, "%d-%llu-%lld", int(getpid()),
+                  (unsigned long long)count++, (long long)now);
     return NCCL_SUCCESS;
 }
 
-// Waits, as NCCL does, until every rank has joined; ranks in other processes never join
-// here (the emulation links the threads of one process), so after a minute it gives up.
+// Waits, as NCCL does, until every rank has joined (after NCCL_PATIENCE it gives up).
 int ncclCommInitRank(NcclComm** comm, int ranks, NcclId id, int rank) {
     if (ranks < 1 || rank < 0 || rank >= ranks) return NCCL_INVALID_ARGUMENT;
-    uint64_t token;
-    std::memcpy(&token, id.internal, sizeof token);
-    std::shared_ptr<NcclGroup> group;
-    {
-        std::lock_guard<std::mutex> g(nccl_lock);
-        std::shared_ptr<NcclGroup>& slot = nccl_groups[token];
-        if (!slot) slot = std::make_shared<NcclGroup>(ranks);
-        group = slot;
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string base = std::string(tmp && *tmp ? tmp : "/tmp") + "/leapfmm-emulated-nccl";
+    id.internal[sizeof id.internal - 1] = 0;
+    const std::string folder = base + "/" + id.internal;
+    mkdir(base.c_str(), 0700);
+    mkdir(folder.c_str(), 0700);
+    const std::string mine = folder + "/joined." + std::to_string(rank);
+    FILE* f = std::fopen(mine.c_str(), "w");
+    if (!f) return NCCL_SYSTEM_ERROR;
+    std::fclose(f);
+    for (int r = 0; r < ranks; ++r) {
+        if (!nccl_wait_for(folder + "/joined." + std::to_string(r))) {
+            std::fprintf(stderr, "emulation: NCCL rank %d of %d: rank %d never joined\n", rank,
+                         ranks, r);
+            return NCCL_INTERNAL_ERROR;
+        }
     }
-    if (group->ranks != ranks) return NCCL_INVALID_ARGUMENT;
-    std::unique_lock<std::mutex> l(group->lock);
-    ++group->joined;
-    group->changed.notify_all();
-    if (!group->changed.wait_for(l, std::chrono::minutes(1),
-                                 [&] { return group->joined == ranks; })) {
-        std::fprintf(stderr, "emulation: NCCL rank %d of %d: the other ranks never joined "
-                             "(the emulation links the threads of one process)\n",
-                     rank, ranks);
-        return NCCL_INTERNAL_ERROR;
-    }
-    *comm = new NcclComm{group, rank};
+    *comm = new NcclComm{folder, ranks, rank, std::vector<uint64_t>(size_t(ranks)),
+                         std::vector<uint64_t>(size_t(ranks))};
     return NCCL_SUCCESS;
 }
+// The last rank to leave removes the folder (rmdir fails while others' files are there).
 int ncclCommDestroy(NcclComm* comm) {
+    std::remove((comm->folder + "/joined." + std::to_string(comm->rank)).c_str());
+    rmdir(comm->folder.c_str());
     delete comm;
     return NCCL_SUCCESS;
 }
 int ncclCommAbort(NcclComm* comm) { return ncclCommDestroy(comm); }
 int ncclCommCount(const NcclComm* comm, int* count) {
-    *count = comm->group->ranks;
+    *count = comm->ranks;
     return NCCL_SUCCESS;
 }
 int ncclCommUserRank(const NcclComm* comm, int* rank) {
