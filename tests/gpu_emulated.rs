@@ -13,8 +13,8 @@ use common::{Diagnostics, bin, emulation, repo, write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The binary with the emulated driver as its CUDA and NVRTC, and `home` as HOME (the
-/// kernel cache goes there, not into the user's).
+/// The binary with the emulated driver as its CUDA, NVRTC and NCCL, and `home` as HOME
+/// and TMPDIR (the kernel cache and NCCL's messages go there, not into the user's).
 fn on_emulated_gpu(home: &Path) -> Command {
     let driver = emulation::driver();
     let mut paths = vec![driver];
@@ -24,7 +24,8 @@ fn on_emulated_gpu(home: &Path) -> Command {
     let mut cmd = bin();
     cmd.current_dir(home)
         .env("LD_LIBRARY_PATH", std::env::join_paths(paths).unwrap())
-        .env("HOME", home);
+        .env("HOME", home)
+        .env("TMPDIR", home);
     cmd
 }
 
