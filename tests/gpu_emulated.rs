@@ -439,3 +439,37 @@ fn forces_on_the_emulated_gpu_at_other_orders_leaves_and_kernels_are_the_cpus() 
         assert!(max <= 1e-5, "{settings:?}: {max:e}\n{stdout}");
     }
 }
+
+#[test]
+fn a_kernel_cache_that_cannot_be_written_is_named_and_can_be_moved_or_turned_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ics = galaxy(d, 3000);
+    // HOME a file: its .cache cannot be made.
+    let home = write(d, "not_a_folder", "");
+    let forces = |cache: Option<&str>| {
+        let mut cmd = on_emulated_gpu(d);
+        cmd.env("HOME", &home)
+            .args(["forces", ics.to_str().unwrap(), "--backend", "cuda"])
+            .args(["--softening", "0.05", "-o", "f.hdf5"]);
+        if let Some(c) = cache {
+            cmd.env("LEAPFMM_KERNEL_CACHE", c);
+        }
+        cmd.output().unwrap()
+    };
+    let out = forces(None);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("not_a_folder/.cache/leapfmm/kernels")
+            && err.contains("LEAPFMM_KERNEL_CACHE=off"),
+        "{err}"
+    );
+    succeeded(forces(Some("off")), "forces without a kernel cache");
+    let elsewhere = d.join("elsewhere");
+    succeeded(
+        forces(Some(elsewhere.to_str().unwrap())),
+        "forces with the cache elsewhere",
+    );
+    assert!(std::fs::read_dir(&elsewhere).unwrap().count() > 0);
+}

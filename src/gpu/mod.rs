@@ -14,10 +14,20 @@ pub mod nvrtc;
 pub mod solver;
 pub mod sort;
 
-/// Where compiled kernels are cached: `$HOME/.cache/leapfmm/kernels` (none without HOME).
+/// Where compiled kernels are cached: `LEAPFMM_KERNEL_CACHE` (a folder, or `off` for no
+/// cache: a machine whose HOME cannot be written), else `$HOME/.cache/leapfmm/kernels`
+/// (none without HOME).
 pub fn kernel_cache() -> Option<std::path::PathBuf> {
-    std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache/leapfmm/kernels"))
+    match std::env::var_os(KERNEL_CACHE_ENV) {
+        Some(v) if v == "off" => None,
+        Some(v) if !v.is_empty() => Some(v.into()),
+        _ => std::env::var_os("HOME")
+            .map(|h| std::path::Path::new(&h).join(".cache/leapfmm/kernels")),
+    }
 }
+
+/// The variable that moves (or turns off) the kernel cache.
+const KERNEL_CACHE_ENV: &str = "LEAPFMM_KERNEL_CACHE";
 
 /// The kernel sources, embedded: (file name, text). Headers (`.cuh`) are spliced into the
 /// sources that include them before compilation (`expand_includes`).

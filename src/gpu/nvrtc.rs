@@ -26,7 +26,9 @@ pub enum KernelError {
         log: String,
     },
     /// The cache folder could not be used.
-    #[error("kernel cache {path}: {reason}")]
+    #[error(
+        "kernel cache {path}: {reason} (LEAPFMM_KERNEL_CACHE=FOLDER puts it elsewhere, LEAPFMM_KERNEL_CACHE=off turns it off)"
+    )]
     Cache {
         /// The file or folder.
         path: PathBuf,
