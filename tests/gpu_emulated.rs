@@ -473,3 +473,46 @@ fn a_kernel_cache_that_cannot_be_written_is_named_and_can_be_moved_or_turned_off
     );
     assert!(std::fs::read_dir(&elsewhere).unwrap().count() > 0);
 }
+
+#[test]
+fn a_machine_with_a_gpu_but_no_nvrtc_runs_on_the_cpu_under_auto_and_says_why() {
+    // What is loadable here besides the emulated driver decides the case: skip where a
+    // system NVRTC is on the default library path (a developer's GPU machine).
+    if leapfmm::gpu::nvrtc::available() {
+        eprintln!("skipped: this machine has an NVRTC of its own");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ics = galaxy(d, 3000);
+    // The driver alone, without NVRTC under its name.
+    let alone = d.join("driver_alone");
+    std::fs::create_dir(&alone).unwrap();
+    std::os::unix::fs::symlink(
+        emulation::driver().join("libcuda.so"),
+        alone.join("libcuda.so"),
+    )
+    .unwrap();
+    let config = galaxy_run(d, &ics, "auto", "", "");
+    let run = |backend: &str| {
+        bin()
+            .current_dir(d)
+            .env("LD_LIBRARY_PATH", &alone)
+            .env("HOME", d)
+            .args(["run", config.to_str().unwrap(), "--backend", backend])
+            .output()
+            .unwrap()
+    };
+    let err_of = |out: &Output| String::from_utf8_lossy(&out.stderr).into_owned();
+    let nvrtc = "NVRTC (libnvrtc.so.12) is not installed or not on LD_LIBRARY_PATH";
+    let out = run("cuda");
+    assert_eq!(out.status.code(), Some(1), "{}", err_of(&out));
+    assert!(err_of(&out).contains(nvrtc), "{}", err_of(&out));
+    let out = run("auto");
+    let err = err_of(&out);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("backend: cpu (auto: {nvrtc}")),
+        "{err}"
+    );
+}

@@ -1,6 +1,6 @@
 //! Which backend runs a simulation's force passes (design §7): `auto` takes GPU 0 when this
-//! machine has a CUDA driver and device and the run is one the GPU backend can do, else the
-//! CPU, and says why; `cuda` insists and fails with the reason. Never touches CUDA on a
+//! machine has a CUDA driver, a device and NVRTC (to compile the kernels) and the run is one
+//! the GPU backend can do, else the CPU, and says why; `cuda` insists and fails with the reason. Never touches CUDA on a
 //! machine without its driver (cudarc would panic).
 
 use crate::config::Backend;
@@ -49,10 +49,15 @@ impl Chosen {
     }
 }
 
-/// The CUDA device this process would use, or why there is none.
+/// The CUDA device this process would use, or why there is none (no driver, no device, or
+/// no NVRTC to compile the kernels for it).
 #[cfg(feature = "cuda")]
 pub fn probe() -> Result<DeviceInfo, String> {
-    super::device::probe(0).map_err(|e| e.to_string())
+    let device = super::device::probe(0).map_err(|e| e.to_string())?;
+    if !super::nvrtc::available() {
+        return Err(super::nvrtc::KernelError::NoNvrtc.to_string());
+    }
+    Ok(device)
 }
 
 /// Without the `cuda` feature there is never a device.
