@@ -281,6 +281,21 @@ fn a_resident_run_on_the_emulated_gpu_follows_the_cpu_run_and_repeats_its_bits()
         last_snapshot(d, "gpu") == last_snapshot(d, "again"),
         "two runs on the device differ"
     );
+    // The one-rank columns a CPU run writes too (docs/formats.md), which campaign summaries
+    // read.
+    let diagnostics = Diagnostics::read(&d.join("runs/gpu/diagnostics.csv"));
+    assert!(
+        diagnostics
+            .column("rank_particles")
+            .iter()
+            .all(|&n| n == 3000.0)
+    );
+    assert!(
+        diagnostics
+            .column("load_imbalance")
+            .iter()
+            .all(|&x| x == 1.0)
+    );
     // Both with the f32 pairs of the mixed near field: the energies agree to 1e-9.
     assert_close_runs(d, "gpu", "cpu", 1e-8);
 }

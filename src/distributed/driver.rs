@@ -588,7 +588,35 @@ const RANK_COLUMNS: [(&str, bool); 12] = [
     ("exchange_s", true),
 ];
 
+/// The names of the rank columns, which a solver on one rank writes too.
+pub fn rank_stat_names() -> impl Iterator<Item = &'static str> {
+    RANK_COLUMNS.iter().map(|c| c.0)
+}
+
 impl RankStats {
+    /// The figures of a solver alone on `particles` particles: no decomposition, no
+    /// traffic, imbalance 1.
+    pub fn alone(particles: usize) -> Self {
+        RankStats {
+            particles,
+            imbalance: 1.0,
+            ..RankStats::default()
+        }
+    }
+
+    /// The rank columns' figures.
+    pub fn solver_stats(&self) -> Vec<SolverStat> {
+        RANK_COLUMNS
+            .iter()
+            .zip(self.values())
+            .map(|(&(name, summed), value)| SolverStat {
+                name,
+                value,
+                summed,
+            })
+            .collect()
+    }
+
     fn values(&self) -> [f64; 12] {
         [
             self.particles as f64,
@@ -621,16 +649,7 @@ impl<C: Communicator + 'static> DistributedFmm<C> {
         let start = Instant::now();
         let s = self.evaluate(particles, active)?;
         let mut stats = s.fmm.solver_stats();
-        stats.extend(
-            RANK_COLUMNS
-                .iter()
-                .zip(s.values())
-                .map(|(&(name, summed), value)| SolverStat {
-                    name,
-                    value,
-                    summed,
-                }),
-        );
+        stats.extend(s.solver_stats());
         Ok(ForceReport {
             pair_interactions: s.fmm.p2p_interactions,
             seconds: start.elapsed().as_secs_f64(),
@@ -661,7 +680,7 @@ impl<C: Communicator + 'static> GravitySolver for DistributedFmm<C> {
 
     fn stat_names(&self) -> Vec<&'static str> {
         let mut names = FmmStats::stat_names();
-        names.extend(RANK_COLUMNS.iter().map(|c| c.0));
+        names.extend(rank_stat_names());
         names
     }
 

@@ -10,6 +10,7 @@
 //! forces come down.
 
 use super::device::{DeviceState, GpuError, GpuFmm};
+use crate::distributed::driver::{RankStats, rank_stat_names};
 use crate::fmm::FmmSolver;
 use crate::fmm::caps::Caps;
 use crate::fmm::morton::BoundingCube;
@@ -189,10 +190,12 @@ impl GpuSolver {
     ) -> ForceReport {
         s.add_to(&mut stats);
         stats.p2p_interactions = plan.p2p_interactions();
+        let mut figures = stats.solver_stats();
+        figures.extend(RankStats::alone(plan.own_particles).solver_stats());
         ForceReport {
             pair_interactions: stats.p2p_interactions,
             seconds: start.elapsed().as_secs_f64(),
-            stats: stats.solver_stats(),
+            stats: figures,
         }
     }
 }
@@ -217,7 +220,9 @@ impl GravitySolver for GpuSolver {
     }
 
     fn stat_names(&self) -> Vec<&'static str> {
-        FmmStats::stat_names()
+        let mut names = FmmStats::stat_names();
+        names.extend(rank_stat_names());
+        names
     }
 
     fn take_warnings(&mut self) -> Vec<String> {
@@ -372,10 +377,12 @@ impl DeviceTree for OnDevice<'_> {
 
 /// The report of an evaluation without particles.
 fn no_work() -> ForceReport {
+    let mut stats = FmmStats::default().solver_stats();
+    stats.extend(RankStats::alone(0).solver_stats());
     ForceReport {
         pair_interactions: 0,
         seconds: 0.0,
-        stats: FmmStats::default().solver_stats(),
+        stats,
     }
 }
 
