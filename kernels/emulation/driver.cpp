@@ -41,7 +41,6 @@ constexpr int CUDA_ERROR_INVALID_VALUE = 1;
 constexpr int CUDA_ERROR_OUT_OF_MEMORY = 2;
 constexpr int CUDA_ERROR_INVALID_DEVICE = 101;
 constexpr int CUDA_ERROR_NOT_FOUND = 500;
-constexpr int CUDA_ERROR_LAUNCH_FAILED = 719;
 constexpr int NVRTC_SUCCESS = 0;
 
 // CUdevice_attribute values it answers; every other attribute reads 0.
@@ -121,6 +120,8 @@ void run_any(unsigned grid, unsigned block, void** params) {
     launch_from(grid, block, K, params, std::make_index_sequence<arity(K)>{});
 }
 
+// Every kernel the binary loads (GpuFmm::open), by its name: one missing here makes the
+// binary's start fail with CUDA_ERROR_NOT_FOUND.
 #define KERNEL(name) Kernel{#name, run_any<name>}
 const Kernel KERNELS[] = {
     KERNEL(p2p_leaves),        KERNEL(p2m_leaves),      KERNEL(m2m_cells),
@@ -157,8 +158,8 @@ Handle context_of_device[MAX_DEVICES] = {{0}, {1}, {2}, {3}, {4}, {5}, {6}, {7}}
 Handle the_module;
 thread_local Handle* current_context = nullptr;
 
-// Zeroes [p, p + bytes): whole pages of an allocation are handed back to the kernel (they
-// read as zeros again and cost no memory until written), the rest is written.
+// Zeroes [p, p + bytes): whole pages of an allocation are handed back to the operating
+// system (they read as zeros again and cost no memory until written), the rest is written.
 void zero(char* p, size_t bytes) {
     const uintptr_t a = reinterpret_cast<uintptr_t>(p);
     const uintptr_t lo = (a + page() - 1) / page() * page();
@@ -226,7 +227,6 @@ void* at(unsigned long long dptr) { return reinterpret_cast<void*>(uintptr_t(dpt
 struct Program {
     std::string ptx;
 };
-
 
 // NCCL's state. The ranks of one id meet in a folder of their own under
 // $TMPDIR/leapfmm-emulated-nccl (a file per rank that joined, a file per message), so ranks
@@ -567,7 +567,7 @@ int cuGetErrorName(int error, const char** name) {
         case CUDA_ERROR_OUT_OF_MEMORY: *name = "CUDA_ERROR_OUT_OF_MEMORY"; break;
         case CUDA_ERROR_INVALID_DEVICE: *name = "CUDA_ERROR_INVALID_DEVICE"; break;
         case CUDA_ERROR_NOT_FOUND: *name = "CUDA_ERROR_NOT_FOUND"; break;
-        default: *name = "CUDA_ERROR_LAUNCH_FAILED";
+        default: *name = "CUDA_ERROR_UNKNOWN";  // it returns no other
     }
     return CUDA_SUCCESS;
 }
