@@ -332,6 +332,13 @@ fn other_subcommands_reject_bad_arguments() {
     );
     write(d, "notes.txt", "not hdf5");
     assert_rejected(d, &["info", "notes.txt"], 1, &["notes.txt"]);
+    std::fs::create_dir(d.join("set.ranks")).unwrap();
+    assert_rejected(
+        d,
+        &["info", "set.ranks"],
+        1,
+        &["set.ranks", "a folder", ".manifest"],
+    );
     // Direct summation has no distributed version: refused before anything is written.
     let cfg = write(d, "direct.toml", &base_config());
     assert_rejected(

@@ -20,6 +20,12 @@ pub struct InfoArgs {
 /// Prints the summary on stdout.
 pub fn execute(args: InfoArgs) -> Result<()> {
     let path = &args.file;
+    if path.is_dir() {
+        bail!(
+            "{}: a folder, not a file (a checkpoint set is read through its .manifest, a multi-file snapshot through its .0.hdf5)",
+            path.display()
+        );
+    }
     if !path.is_file() {
         bail!("{}: no such file", path.display());
     }
