@@ -5,7 +5,9 @@
 //! passes, kick and drift on the device) runs here as on an H200, each copy and kernel
 //! confined to its buffers (the emulated driver faults on the first byte past one). Checked
 //! against the CPU backend in the same processes and runs.
-//! Needs a C++20 compiler (`c++`; scripts/install-deps.sh installs g++).
+//! Needs a C++20 compiler (`c++`; scripts/install-deps.sh installs g++), and the `cuda`
+//! feature (default).
+#![cfg(feature = "cuda")]
 
 mod common;
 

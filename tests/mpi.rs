@@ -188,6 +188,7 @@ fn a_failure_under_mpirun_stops_every_rank_with_a_message() {
 }
 
 #[test]
+#[cfg(feature = "cuda")]
 fn mpi_ranks_on_the_emulated_gpus_run_like_thread_ranks() {
     // The GPU backend on the emulated driver (tests/gpu_emulated.rs), 4 steps. The MPI ranks
     // on one device, which they share: the payload through MPI; on two: through NCCL (its
