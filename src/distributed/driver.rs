@@ -606,15 +606,7 @@ impl RankStats {
 
     /// The rank columns' figures.
     pub fn solver_stats(&self) -> Vec<SolverStat> {
-        RANK_COLUMNS
-            .iter()
-            .zip(self.values())
-            .map(|(&(name, summed), value)| SolverStat {
-                name,
-                value,
-                summed,
-            })
-            .collect()
+        SolverStat::columns(&RANK_COLUMNS, &self.values())
     }
 
     fn values(&self) -> [f64; 12] {

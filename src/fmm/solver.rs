@@ -1358,15 +1358,7 @@ impl FmmStats {
 
     /// The figures as diagnostics columns.
     pub fn solver_stats(&self) -> Vec<SolverStat> {
-        STAT_COLUMNS
-            .iter()
-            .zip(self.values())
-            .map(|(&(name, summed), value)| SolverStat {
-                name,
-                value,
-                summed,
-            })
-            .collect()
+        SolverStat::columns(&STAT_COLUMNS, &self.values())
     }
 
     /// The figures in `STAT_COLUMNS` order.

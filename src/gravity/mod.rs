@@ -40,6 +40,21 @@ pub struct SolverStat {
     pub summed: bool,
 }
 
+impl SolverStat {
+    /// The figures of a table of columns (name, whether summed) with their values, in order.
+    pub fn columns(columns: &[(&'static str, bool)], values: &[f64]) -> Vec<SolverStat> {
+        columns
+            .iter()
+            .zip(values)
+            .map(|(&(name, summed), &value)| SolverStat {
+                name,
+                value,
+                summed,
+            })
+            .collect()
+    }
+}
+
 /// Why a force evaluation failed.
 #[derive(Debug, Error)]
 pub enum GravityError {
