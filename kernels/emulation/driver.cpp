@@ -74,18 +74,21 @@ size_t allocated = 0;  // bytes asked for by the live allocations
 const char* volatile running_kernel = nullptr;
 
 // With LEAPFMM_EMULATED_TRACE set, what a process asked of the devices, printed when it
-// ends: the traffic between host and device a real GPU would see, and its waits.
+// ends: the traffic between host and device a real GPU would see, its waits, and the most
+// device memory it held at once (all devices together).
 struct Traffic {
-    std::atomic<uint64_t> launches{0}, waits{0}, allocations{0};
+    std::atomic<uint64_t> launches{0}, waits{0}, allocations{0}, peak_bytes{0};
     std::atomic<uint64_t> up{0}, up_bytes{0}, down{0}, down_bytes{0}, within{0}, within_bytes{0};
     ~Traffic() {
         if (!std::getenv("LEAPFMM_EMULATED_TRACE")) return;
         std::fprintf(stderr,
                      "emulated devices: %llu launches, %llu waits (stream or event), %llu "
-                     "allocations; host to device %llu copies, %llu bytes; device to host %llu "
-                     "copies, %llu bytes; device to device %llu copies, %llu bytes\n",
+                     "allocations (at most %llu bytes at once); host to device %llu copies, "
+                     "%llu bytes; device to host %llu copies, %llu bytes; device to device "
+                     "%llu copies, %llu bytes\n",
                      (unsigned long long)launches, (unsigned long long)waits,
-                     (unsigned long long)allocations, (unsigned long long)up,
+                     (unsigned long long)allocations, (unsigned long long)peak_bytes,
+                     (unsigned long long)up,
                      (unsigned long long)up_bytes, (unsigned long long)down,
                      (unsigned long long)down_bytes, (unsigned long long)within,
                      (unsigned long long)within_bytes);
@@ -193,6 +196,7 @@ int allocate(unsigned long long* dptr, size_t bytes) {
     const uintptr_t start = reinterpret_cast<uintptr_t>(base + pages - used);
     allocations[start] = Mapping{base, pages + page(), bytes};
     allocated += bytes;
+    traffic.peak_bytes = std::max<uint64_t>(traffic.peak_bytes, allocated);
     *dptr = start;
     return CUDA_SUCCESS;
 }
