@@ -409,9 +409,9 @@ fn a_run_that_does_not_fit_on_the_emulated_gpu_stops_with_one_clear_sentence() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let ics = galaxy(d, 3000);
-    // 20 MB: the state fits, the walk's rings (512 MiB) do not.
+    // 1 MB: the run takes 2.3 MB at the most (LEAPFMM_EMULATED_TRACE).
     let out = on_emulated_gpu(d)
-        .env("LEAPFMM_EMULATED_MEMORY", "20000000")
+        .env("LEAPFMM_EMULATED_MEMORY", "1000000")
         .args(["run", galaxy_run(d, &ics, "full", "", "").to_str().unwrap()])
         .args(["--backend", "cuda"])
         .output()

@@ -281,9 +281,22 @@ impl<T: DeviceRepr + ValidAsZeroBits> Reused<T> {
     /// Room for `count` values: a new allocation `BUFFER_GROWTH` times larger when the
     /// current one is too small (the old one freed first).
     fn room(&mut self, stream: &Arc<CudaStream>, count: usize) -> Result<(), GpuError> {
+        self.room_at_most(stream, count, usize::MAX)
+    }
+
+    /// Room for `count` values, as `room` but grown to no more than `most` (nor less than
+    /// `count`).
+    fn room_at_most(
+        &mut self,
+        stream: &Arc<CudaStream>,
+        count: usize,
+        most: usize,
+    ) -> Result<(), GpuError> {
         if self.buf.len() < count {
             self.buf = stream.alloc_zeros::<T>(1)?;
-            let grown = (count as f64 * BUFFER_GROWTH).ceil() as usize;
+            let grown = ((count as f64 * BUFFER_GROWTH).ceil() as usize)
+                .min(most)
+                .max(count);
             self.buf = stream.alloc_zeros::<T>(grown)?;
         }
         Ok(())
@@ -520,7 +533,7 @@ impl WalkBuffers {
             counts: Reused::new(stream, 3 * (cells + 1))?,
             totals: Reused::new(stream, 3)?,
             pairs: Reused::new(stream, cells)?,
-            ring: Reused::new(stream, WALK_RING_BYTES / 4)?,
+            ring: Reused::new(stream, 0)?,
             cache: Reused::new(stream, 0)?,
             cache_len: Reused::new(stream, 0)?,
             retry: [Reused::new(stream, cells)?, Reused::new(stream, cells)?],
@@ -1621,65 +1634,71 @@ impl GpuFmm {
                 let stride32 = stride as u32;
                 let (m2l_base, p2p_base) = (m2l_total as u32, p2p_total as u32);
                 // Targets chunk_first.. of the level, or with `listed` of `which`.
-                let mut walk_launch =
-                    |listed: bool,
-                     (chunk_first, chunk_count): (usize, usize),
-                     which: &Reused<u32>,
-                     retry: &mut Reused<u32>,
-                     retry_count: &mut Reused<u32>| {
-                        let queue = if listed { WALK_QUEUE } else { WALK_SHORT_QUEUE } as u32;
-                        let (level_first, chunk_first, chunk_count, listed) = (
-                            first as u32,
-                            chunk_first as u32,
-                            chunk_count as u32,
-                            i32::from(listed),
-                        );
-                        let mut launch = stream.launch_builder(&k.walk_level);
-                        launch
-                            .arg(&level_first)
-                            .arg(&chunk_first)
-                            .arg(&chunk_count)
-                            .arg(&listed)
-                            .arg(&which.buf)
-                            .arg(&write)
-                            .arg(&m.out.buf)
-                            .arg(&m.begin.buf)
-                            .arg(&m.end.buf)
-                            .arg(&m.first_child.buf)
-                            .arg(&m.child_count.buf)
-                            .arg(&m.parent.buf);
-                        launch
-                            .arg(&handed_spans.buf)
-                            .arg(&handed.buf)
-                            .arg(&theta)
-                            .arg(&support)
-                            .arg(&mut w.ring.buf)
-                            .arg(&queue)
-                            .arg(&mut w.cache.buf)
-                            .arg(&cache_room)
-                            .arg(&mut w.cache_len.buf)
-                            .arg(&stride32)
-                            .arg(&mut w.counts.buf)
-                            .arg(&mut w.pairs.buf)
-                            .arg(&m2l_base)
-                            .arg(&p2p_base);
-                        launch
-                            .arg(&mut w.m2l_sources.buf)
-                            .arg(&mut w.m2l_spans.buf)
-                            .arg(&mut w.p2p_sources.buf)
-                            .arg(&mut w.p2p_spans.buf)
-                            .arg(&mut next.buf)
-                            .arg(&mut next_spans.buf)
-                            .arg(&mut retry.buf)
-                            .arg(&mut retry_count.buf)
-                            .arg(&mut w.problems.buf);
-                        // SAFETY: the arguments match walk_level's signature; the ring holds
-                        // `queue` entries for each of the launch's threads (WALK_RING_BYTES),
-                        // the counts 3 strides, the lists and deferred sources their totals,
-                        // the retry lists a level's cells, and a listed launch reads as many
-                        // targets as the short launches listed.
-                        unsafe { launch.launch(grid(chunk_count as usize)) }
-                    };
+                let mut walk_launch = |listed: bool,
+                                       (chunk_first, chunk_count): (usize, usize),
+                                       which: &Reused<u32>,
+                                       retry: &mut Reused<u32>,
+                                       retry_count: &mut Reused<u32>|
+                 -> Result<(), GpuError> {
+                    let queue = if listed { WALK_QUEUE } else { WALK_SHORT_QUEUE };
+                    // A ring for each of the launch's targets: as large as the launches
+                    // of this tree need, WALK_RING_BYTES at the most.
+                    w.ring
+                        .room_at_most(&stream, chunk_count * queue, WALK_RING_BYTES / 4)?;
+                    let queue = queue as u32;
+                    let (level_first, chunk_first, chunk_count, listed) = (
+                        first as u32,
+                        chunk_first as u32,
+                        chunk_count as u32,
+                        i32::from(listed),
+                    );
+                    let mut launch = stream.launch_builder(&k.walk_level);
+                    launch
+                        .arg(&level_first)
+                        .arg(&chunk_first)
+                        .arg(&chunk_count)
+                        .arg(&listed)
+                        .arg(&which.buf)
+                        .arg(&write)
+                        .arg(&m.out.buf)
+                        .arg(&m.begin.buf)
+                        .arg(&m.end.buf)
+                        .arg(&m.first_child.buf)
+                        .arg(&m.child_count.buf)
+                        .arg(&m.parent.buf);
+                    launch
+                        .arg(&handed_spans.buf)
+                        .arg(&handed.buf)
+                        .arg(&theta)
+                        .arg(&support)
+                        .arg(&mut w.ring.buf)
+                        .arg(&queue)
+                        .arg(&mut w.cache.buf)
+                        .arg(&cache_room)
+                        .arg(&mut w.cache_len.buf)
+                        .arg(&stride32)
+                        .arg(&mut w.counts.buf)
+                        .arg(&mut w.pairs.buf)
+                        .arg(&m2l_base)
+                        .arg(&p2p_base);
+                    launch
+                        .arg(&mut w.m2l_sources.buf)
+                        .arg(&mut w.m2l_spans.buf)
+                        .arg(&mut w.p2p_sources.buf)
+                        .arg(&mut w.p2p_spans.buf)
+                        .arg(&mut next.buf)
+                        .arg(&mut next_spans.buf)
+                        .arg(&mut retry.buf)
+                        .arg(&mut retry_count.buf)
+                        .arg(&mut w.problems.buf);
+                    // SAFETY: the arguments match walk_level's signature; the ring holds
+                    // `queue` entries for each of the launch's targets (above), the
+                    // counts 3 strides, the lists and deferred sources their totals, the
+                    // retry lists a level's cells, and a listed launch reads as many
+                    // targets as the short launches listed.
+                    unsafe { launch.launch(grid(chunk_count as usize)) }?;
+                    Ok(())
+                };
                 for chunk_first in (first..first + count).step_by(WALK_CHUNK) {
                     let chunk = (chunk_first, WALK_CHUNK.min(first + count - chunk_first));
                     walk_launch(false, chunk, retry_1, retry_0, count_0)?;

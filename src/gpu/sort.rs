@@ -107,8 +107,9 @@ pub fn moments_bytes(particles: usize, cells: usize) -> usize {
     4 * particles + (7 * 4 + (1 + 3 + 1 + 5) * 8) * cells + 4 * LEVEL_SLOTS
 }
 
-/// Bytes of device memory the rings of one `walk_level` launch take (512 MiB, whatever the
-/// number of particles): launches run one after another, so they share them.
+/// Bytes of device memory the rings of the `walk_level` launches take at the most (512 MiB:
+/// a launch of `WALK_CHUNK` targets; a smaller tree's launches take less): launches run one
+/// after another, so they share them.
 pub const WALK_RING_BYTES: usize =
     4 * max(WALK_CHUNK * WALK_SHORT_QUEUE, WALK_RETRY_CHUNK * WALK_QUEUE);
 
