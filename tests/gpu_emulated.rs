@@ -198,13 +198,21 @@ fn f64s(bytes: &[u8]) -> Vec<f64> {
 /// Writes `dir/<name>.toml`: a run of the galaxy `ics` to t = 0.0004 (steps of at most
 /// 1e-4, a snapshot in f64 at the end), with `gravity` and `integrator` lines added.
 fn galaxy_run(dir: &Path, ics: &Path, name: &str, gravity: &str, integrator: &str) -> PathBuf {
-    let text = format!(
+    write(
+        dir,
+        &format!("{name}.toml"),
+        &galaxy_text(ics, name, gravity, integrator),
+    )
+}
+
+/// `galaxy_run`'s config text (its `[output]` table last, so lines can be added to it).
+fn galaxy_text(ics: &Path, name: &str, gravity: &str, integrator: &str) -> String {
+    format!(
         "name = \"{name}\"\noutput_dir = \"runs\"\n[ics]\nfile = \"{}\"\n\
          [gravity]\nsoftening = 0.05\n{gravity}\n[integrator]\nt_end = 0.0004\ndt_max = 0.0001\n{integrator}\n\
          [output]\nsnapshot_interval = 0.0004\nsnapshot_precision = \"double\"\n",
         ics.display()
-    );
-    write(dir, &format!("{name}.toml"), &text)
+    )
 }
 
 /// Runs `config` with `args` on the emulated GPU(s) (`gpus` of them); what it printed,
@@ -354,15 +362,12 @@ fn a_resident_run_on_the_emulated_gpu_stopped_and_resumed_repeats_its_bits() {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let ics = galaxy(d, 3000);
-    // Checkpoints every 2e-4 of 6e-4: the resident state comes back for each.
+    // To 6e-4 with checkpoints every 2e-4: the resident state comes back for each.
     let config = |name: &str| {
-        let text = format!(
-            "name = \"{name}\"\noutput_dir = \"runs\"\n[ics]\nfile = \"{}\"\n\
-             [gravity]\nsoftening = 0.05\n[integrator]\nt_end = 0.0006\ndt_max = 0.0001\n\
-             [output]\nsnapshot_interval = 0.0006\nsnapshot_precision = \"double\"\n\
-             checkpoint_interval = 0.0002\nkeep_checkpoints = 10\n",
-            ics.display()
-        );
+        let text = galaxy_text(&ics, name, "", "")
+            .replace("t_end = 0.0004", "t_end = 0.0006")
+            .replace("snapshot_interval = 0.0004", "snapshot_interval = 0.0006")
+            + "checkpoint_interval = 0.0002\nkeep_checkpoints = 10\n";
         write(d, &format!("{name}.toml"), &text)
     };
     let straight = config("straight");
@@ -371,7 +376,7 @@ fn a_resident_run_on_the_emulated_gpu_stopped_and_resumed_repeats_its_bits() {
 
     // Stopped by SIGTERM once the checkpoint at 2e-4 is there, then resumed.
     let stopped = config("stopped");
-    let mut child = on_emulated_gpu(d)
+    let child = on_emulated_gpu(d)
         .args([
             "run",
             stopped.to_str().unwrap(),
@@ -391,8 +396,13 @@ fn a_resident_run_on_the_emulated_gpu_stopped_and_resumed_repeats_its_bits() {
     }
     // SAFETY: plain kill(2) on our own child's pid.
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    let status = child.wait().unwrap();
-    assert_eq!(status.code(), Some(128 + libc::SIGTERM), "{status}");
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(128 + libc::SIGTERM),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(
         !d.join("runs/stopped/snapshots/snap_001.hdf5").exists(),
         "the signal came after the run finished: the test proved nothing"

@@ -1,7 +1,7 @@
 //! Which backend runs a simulation's force passes (design §7): `auto` takes GPU 0 when this
 //! machine has a CUDA driver, a device and NVRTC (to compile the kernels) and the run is one
-//! the GPU backend can do, else the CPU, and says why; `cuda` insists and fails with the reason. Never touches CUDA on a
-//! machine without its driver (cudarc would panic).
+//! the GPU backend can do, else the CPU, and says why; `cuda` insists and fails with the
+//! reason. Never touches CUDA on a machine without its driver (cudarc would panic).
 
 use crate::config::Backend;
 
