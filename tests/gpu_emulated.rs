@@ -120,9 +120,11 @@ fn forces_on_the_emulated_gpu_are_the_cpus_on_one_and_two_ranks() {
     assert!(two_ranks <= 1e-5, "{two_ranks:e}\n{stdout}");
 
     // Each rank with a GPU of its own: the payload goes from GPU to GPU through NCCL (the
-    // emulated one), with the same forces, bit for bit.
+    // emulated one), with the same forces, bit for bit, though each launch's blocks and
+    // threads run in reverse order.
     let out = on_emulated_gpu(dir.path())
         .env("LEAPFMM_EMULATED_GPUS", "2")
+        .env("LEAPFMM_EMULATED_SCHEDULE", "reversed")
         .args(args)
         .args(["--ranks", "2", "--near-field", "double", "-o", "nccl.hdf5"])
         .output()
@@ -137,7 +139,7 @@ fn forces_on_the_emulated_gpu_are_the_cpus_on_one_and_two_ranks() {
     let read = |f: &str| std::fs::read(dir.path().join(f)).unwrap();
     assert!(
         read("nccl.hdf5") == read("two.hdf5"),
-        "NCCL changed the forces"
+        "NCCL (or the reversed order of blocks and threads) changed the forces"
     );
 }
 
@@ -218,8 +220,15 @@ fn galaxy_text(ics: &Path, name: &str, gravity: &str, integrator: &str) -> Strin
 /// Runs `config` with `args` on the emulated GPU(s) (`gpus` of them); what it printed,
 /// which must hold no warning.
 fn run(dir: &Path, config: &Path, args: &[&str], gpus: usize) -> String {
+    run_scheduled(dir, config, args, gpus, "in-order")
+}
+
+/// `run`, the blocks and threads of each launch in the order `schedule` names
+/// (`LEAPFMM_EMULATED_SCHEDULE`: in-order, reversed or shuffled).
+fn run_scheduled(dir: &Path, config: &Path, args: &[&str], gpus: usize, schedule: &str) -> String {
     let out = on_emulated_gpu(dir)
         .env("LEAPFMM_EMULATED_GPUS", gpus.to_string())
+        .env("LEAPFMM_EMULATED_SCHEDULE", schedule)
         .args(["run", config.to_str().unwrap()])
         .args(args)
         .output()
@@ -274,11 +283,13 @@ fn a_resident_run_on_the_emulated_gpu_follows_the_cpu_run_and_repeats_its_bits()
         gpu.contains("the particles stay on the device between steps"),
         "{gpu}"
     );
-    run(
+    // Again with each launch's blocks and threads shuffled, as a GPU may run them.
+    run_scheduled(
         d,
         &galaxy_run(d, &ics, "again", "", ""),
         &["--backend", "cuda"],
         1,
+        "shuffled",
     );
     run(
         d,
@@ -286,10 +297,11 @@ fn a_resident_run_on_the_emulated_gpu_follows_the_cpu_run_and_repeats_its_bits()
         &["--backend", "cpu"],
         1,
     );
-    // The same run twice on the device: the same bits.
+    // The same run twice on the device: the same bits, whatever the order of the blocks
+    // and threads.
     assert!(
         last_snapshot(d, "gpu") == last_snapshot(d, "again"),
-        "two runs on the device differ"
+        "two runs on the device differ (the second with its blocks and threads shuffled)"
     );
     // The one-rank columns a CPU run writes too (docs/formats.md), which campaign summaries
     // read.

@@ -17,23 +17,40 @@ fn run_harness(mode: &str, input: &[u8]) -> Vec<u8> {
     run(&harness(), mode, input)
 }
 
-/// Runs harness `exe` in `mode` on `input`; its output.
+/// Runs harness `exe` in `mode` on `input`; its output. It runs three times, its blocks and
+/// threads in order, reversed and shuffled (`LEAPFMM_EMULATED_SCHEDULE`), and must give the
+/// same bytes each time: a GPU runs them in no fixed order, so a kernel whose results
+/// depend on it (a missing barrier, integer atomics ordering a list) is a fault here.
 fn run(exe: &Path, mode: &str, input: &[u8]) -> Vec<u8> {
     let dir = tempfile::tempdir().unwrap();
-    let (i, o) = (dir.path().join("in.bin"), dir.path().join("out.bin"));
+    let i = dir.path().join("in.bin");
     std::fs::write(&i, input).unwrap();
-    let out = Command::new(exe)
-        .arg(mode)
-        .arg(&i)
-        .arg(&o)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    std::fs::read(&o).unwrap()
+    let outputs: Vec<Vec<u8>> = ["in-order", "reversed", "shuffled"]
+        .iter()
+        .map(|schedule| {
+            let o = dir.path().join(format!("out-{schedule}.bin"));
+            let out = Command::new(exe)
+                .arg(mode)
+                .arg(&i)
+                .arg(&o)
+                .env("LEAPFMM_EMULATED_SCHEDULE", schedule)
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{schedule}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::fs::read(&o).unwrap()
+        })
+        .collect();
+    for (schedule, other) in ["reversed", "shuffled"].iter().zip(&outputs[1..]) {
+        assert!(
+            *other == outputs[0],
+            "harness {mode}: its output with the blocks and threads {schedule} differs from in order"
+        );
+    }
+    outputs.into_iter().next().unwrap()
 }
 
 fn f64s(bytes: &[u8]) -> Vec<f64> {

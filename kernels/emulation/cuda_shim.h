@@ -1,6 +1,7 @@
 // A CPU emulation of the CUDA execution model, enough to run leapfmm's kernels as C++ (the
-// CI check without a GPU): the blocks of a launch run one after another, each block's threads
-// as fibers on the calling thread (switched by a few instructions of x86-64 assembly, or by
+// CI check without a GPU): the blocks of a launch run one after another (in the order
+// LEAPFMM_EMULATED_SCHEDULE names, see `schedule`), each block's threads as fibers on the
+// calling thread (switched by a few instructions of x86-64 assembly, or by
 // ucontext elsewhere), `__shared__` variables are shared by them, and
 // `__syncthreads` hands over to the next fiber until every thread of the block has reached it.
 // A barrier that some of a block's threads never reach (they returned) stops the program
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <sys/mman.h>
@@ -158,12 +160,58 @@ inline thread_local Block block;
     std::abort();  // a finished fiber is never resumed
 }
 
-// Runs `body` as `threads` threads in each of `blocks` blocks, in block order.
+// The order in which the blocks of a launch run, and the threads of a block between two
+// barriers: LEAPFMM_EMULATED_SCHEDULE = `in-order` (the default), `reversed`, or `shuffled`
+// (a new permutation for every launch and every round between barriers, the same each run
+// of a program). A GPU runs them in no fixed order: a kernel whose results change with the
+// order reads what another thread writes without a barrier between (or what another block
+// writes), or lets integer atomics order its output; the tests run the kernels in all three.
+enum class Schedule { in_order, reversed, shuffled };
+
+inline Schedule schedule() {
+    static const Schedule chosen = [] {
+        const char* v = std::getenv("LEAPFMM_EMULATED_SCHEDULE");
+        if (v == nullptr || std::strcmp(v, "in-order") == 0) return Schedule::in_order;
+        if (std::strcmp(v, "reversed") == 0) return Schedule::reversed;
+        if (std::strcmp(v, "shuffled") == 0) return Schedule::shuffled;
+        std::fprintf(stderr,
+                     "emulation: LEAPFMM_EMULATED_SCHEDULE is '%s'; it takes in-order, "
+                     "reversed or shuffled\n",
+                     v);
+        std::exit(2);
+    }();
+    return chosen;
+}
+
+// Sets `order` to 0..count-1 in the schedule's order (`draws`: the shuffle's generator).
+inline void schedule_order(std::vector<unsigned>& order, unsigned count, uint64_t& draws) {
+    order.resize(count);
+    for (unsigned k = 0; k < count; ++k) order[k] = k;
+    switch (schedule()) {
+        case Schedule::in_order: break;
+        case Schedule::reversed: std::reverse(order.begin(), order.end()); break;
+        case Schedule::shuffled:
+            for (unsigned k = count; k > 1; --k) {
+                // splitmix64: a portable generator, seeded the same every run.
+                uint64_t z = (draws += 0x9e3779b97f4a7c15ull);
+                z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+                z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+                z ^= z >> 31;
+                std::swap(order[k - 1], order[z % k]);
+            }
+            break;
+    }
+}
+
+// Runs `body` as `threads` threads in each of `blocks` blocks, in the schedule's order.
 inline void run_blocks(unsigned blocks, unsigned threads, const std::function<void()>& body) {
     Block& b = block;
     while (b.fibers.size() < threads) b.fibers.push_back(std::make_unique<Fiber>());
     b.body = &body;
-    for (unsigned i = 0; i < blocks; ++i) {
+    static thread_local uint64_t draws = 0;
+    static thread_local std::vector<unsigned> block_order, thread_order;
+    schedule_order(block_order, blocks, draws);
+    for (unsigned i : block_order) {
         block_idx = uint3{i, 0, 0};
         for (unsigned t = 0; t < threads; ++t) {
             Fiber& f = *b.fibers[t];
@@ -173,7 +221,8 @@ inline void run_blocks(unsigned blocks, unsigned threads, const std::function<vo
         // Each round runs every thread to its next barrier or its end.
         for (unsigned finished = 0; finished < threads;) {
             unsigned waiting = 0;
-            for (unsigned t = 0; t < threads; ++t) {
+            schedule_order(thread_order, threads, draws);
+            for (unsigned t : thread_order) {
                 Fiber& f = *b.fibers[t];
                 if (f.done) continue;
                 thread_idx = uint3{t, 0, 0};
