@@ -13,7 +13,8 @@
 # Under the `device` tool, $OUT comes back to the caller: the whole output, the runs' logs and
 # their diagnostics.csv are copied there (check.log, big.log, gpu100.log, RUN.csv), the
 # snapshots stay in GPU_CHECK_DIR. LEAF_SWEEP (default "64 256") repeats the resident steps at N2
-# with those leaf sizes, and they run once more with the direct-form M2L kernel.
+# with those leaf sizes, and they run once more with the direct-form M2L kernel, and once with
+# the kit's baseline binary (.gpu-kit/baseline, or BASE_BIN: the last commit timed on a GPU).
 # The host still builds the tree and the lists (CPU); the GPU line times the device passes
 # (and gives the P2P kernel's rate in particle pairs per second, target ≥ 1.3e12),
 # the "GPU tree order" lines the device's keys and sort, the "GPU cells" lines its split
@@ -108,6 +109,19 @@ echo "exit status $?"
 f="$DIR/runs/gpu_big_direct/diagnostics.csv"
 [ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
 
+# The baseline binary (scripts/gpu-kit.sh: the last commit timed on an H200) on the same
+# steps: the summary then compares today's kernels with those, phase by phase.
+BASE=${BASE_BIN:-.gpu-kit/baseline/leapfmm}
+if [ -x "$BASE" ]; then
+    echo "== N = $N2: the same 3 steps with the baseline binary, built from $(cat "$(dirname "$BASE")/commit" 2>/dev/null || echo '?')"
+    sed -e 's/name = "gpu_big"/name = "gpu_big_baseline"/' "$DIR/big.toml" > "$DIR/big_baseline.toml"
+    timeout 200 "$BASE" run "$DIR/big_baseline.toml" --backend cuda > "$DIR/big_baseline.log" 2>&1
+    echo "exit status $?"
+    grep "warning:" "$DIR/big_baseline.log" | sort | uniq -c | head -5
+    f="$DIR/runs/gpu_big_baseline/diagnostics.csv"
+    [ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
+fi
+
 echo "== ~100-step run, N = $N3: backend cuda (resident state), then cpu (diagnostics: first columns, last row)"
 cat > "$DIR/run.toml" <<EOF
 name = "gpu100"
@@ -133,7 +147,7 @@ for r in gpu100 cpu100; do
 done
 echo "== summary: the last step of each resident N = $N2 run (seconds; particles per second of the force evaluation)"
 echo "run wall_force tree upward walk m2l downward p2p particles/s"
-for r in gpu_big gpu_big_direct $(for leaf in ${LEAF_SWEEP:-64 256}; do echo "gpu_big_leaf$leaf"; done); do
+for r in gpu_big gpu_big_direct gpu_big_baseline $(for leaf in ${LEAF_SWEEP:-64 256}; do echo "gpu_big_leaf$leaf"; done); do
     f="$DIR/runs/$r/diagnostics.csv"
     [ -f "$f" ] && awk -F, -v run="$r" -v n="$N2" '
         NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
@@ -148,8 +162,8 @@ for r in gpu_big gpu_big_direct $(for leaf in ${LEAF_SWEEP:-64 256}; do echo "gp
 done
 
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    cp "$DIR/big.log" "$DIR/big_direct.log" "$DIR/gpu100.log" "$DIR"/big_leaf*.log "$OUT/" 2>/dev/null
-    for r in gpu_big gpu_big_direct gpu100 cpu100 $(for leaf in ${LEAF_SWEEP:-64 256}; do echo "gpu_big_leaf$leaf"; done); do
+    cp "$DIR/big.log" "$DIR/big_direct.log" "$DIR/big_baseline.log" "$DIR/gpu100.log" "$DIR"/big_leaf*.log "$OUT/" 2>/dev/null
+    for r in gpu_big gpu_big_direct gpu_big_baseline gpu100 cpu100 $(for leaf in ${LEAF_SWEEP:-64 256}; do echo "gpu_big_leaf$leaf"; done); do
         cp "$DIR/runs/$r/diagnostics.csv" "$OUT/$r.csv" 2>/dev/null
     done
 fi

@@ -6,8 +6,14 @@
 # (git-ignored). Then, with the `device` tool:
 #   run(command="scripts/gpu-check.sh", carry=[".gpu-kit"], timeout_s=...)
 # gpu-check.sh picks .gpu-kit/ up when it is there.
+# The kit also holds, in .gpu-kit/baseline/, the binary of BASELINE (default 2f9da0b, the last
+# commit timed on an H200: the fifth session's figures in docs/benchmarks.md), built in a
+# worktree under target/ (minutes the first time, then kept): gpu-check.sh runs its resident
+# steps with it too, so that one device call says phase by phase whether the kernels changed
+# since are faster. BASELINE=none leaves it out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+BASELINE=${BASELINE:-2f9da0b}
 cargo build --release --bin leapfmm
 rm -rf .gpu-kit
 mkdir -p .gpu-kit/lib
@@ -15,9 +21,24 @@ cp target/release/leapfmm .gpu-kit/leapfmm
 strip .gpu-kit/leapfmm
 # gpu-check.sh prints it: a kit left from an older build is then plain to see.
 git describe --always --dirty > .gpu-kit/commit 2>/dev/null || echo unknown > .gpu-kit/commit
+binaries=(target/release/leapfmm)
+if [ "$BASELINE" != none ]; then
+    src=target/baseline-src
+    if [ ! -d "$src" ]; then
+        git worktree add --force --detach "$src" "$BASELINE"
+    fi
+    git -C "$src" checkout --quiet --detach "$BASELINE"
+    CARGO_TARGET_DIR="$PWD/target/baseline" cargo build --release --bin leapfmm \
+        --manifest-path "$src/Cargo.toml"
+    mkdir -p .gpu-kit/baseline
+    cp target/baseline/release/leapfmm .gpu-kit/baseline/leapfmm
+    strip .gpu-kit/baseline/leapfmm
+    git -C "$src" describe --always > .gpu-kit/baseline/commit
+    binaries+=(target/baseline/release/leapfmm)
+fi
 # Every resolved library but glibc's own (libc, libm, libdl, libpthread, librt, libresolv,
 # the loader) and libgcc_s, which the other machine has in a compatible (newer) version.
-ldd target/release/leapfmm | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | while read -r lib; do
+for bin in "${binaries[@]}"; do ldd "$bin"; done | awk '$2 == "=>" && $3 ~ /^\// {print $3}' | sort -u | while read -r lib; do
     case "$(basename "$lib")" in
     libc.so.* | libm.so.* | libdl.so.* | libpthread.so.* | librt.so.* | libresolv.so.* | ld-linux* | libgcc_s.so.*) ;;
     *) cp -L "$lib" .gpu-kit/lib/ ;;
