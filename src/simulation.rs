@@ -712,6 +712,15 @@ impl<'a> Simulation<'a> {
                 ));
                 Residence::DeviceToLoad
             }
+            (StepScheme::Block, true) => {
+                // Design §7 keeps the state on the device; the block scheme's sub-steps are
+                // not written there yet, so say what the run does instead.
+                progress.note(&format!(
+                    "{}: block steps keep the particles on the host (positions go to the device and forces come back at each sub-step); global steps keep them on the device",
+                    c.name
+                ));
+                Residence::Host
+            }
             _ => Residence::Host,
         };
         let mut sim = Simulation {

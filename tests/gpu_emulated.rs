@@ -329,11 +329,15 @@ fn block_steps_and_two_thread_ranks_on_the_emulated_gpus_follow_the_cpu() {
     let ics = galaxy(d, 3000);
     // Hierarchical steps: each sub-step's forces on the active particles only.
     let block = "scheme = \"block\"";
-    run(
+    let said = run(
         d,
         &galaxy_run(d, &ics, "block_gpu", "", block),
         &["--backend", "cuda"],
         1,
+    );
+    assert!(
+        said.contains("block steps keep the particles on the host"),
+        "{said}"
     );
     run(
         d,
