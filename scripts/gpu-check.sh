@@ -85,6 +85,19 @@ grep "warning:" "$DIR/big.log" | sort | uniq -c | head -5
 f="$DIR/runs/gpu_big/diagnostics.csv"
 [ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
 
+# The baseline binary (scripts/gpu-kit.sh: the last commit timed on an H200) on the same
+# steps: the summary then compares today's kernels with those, phase by phase.
+BASE=${BASE_BIN:-.gpu-kit/baseline/leapfmm}
+if [ -x "$BASE" ]; then
+    echo "== N = $N2: the same 3 steps with the baseline binary, built from $(cat "$(dirname "$BASE")/commit" 2>/dev/null || echo '?')"
+    sed -e 's/name = "gpu_big"/name = "gpu_big_baseline"/' "$DIR/big.toml" > "$DIR/big_baseline.toml"
+    timeout 200 "$BASE" run "$DIR/big_baseline.toml" --backend cuda > "$DIR/big_baseline.log" 2>&1
+    echo "exit status $?"
+    grep "warning:" "$DIR/big_baseline.log" | sort | uniq -c | head -5
+    f="$DIR/runs/gpu_big_baseline/diagnostics.csv"
+    [ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
+fi
+
 # The leaf size trades M2L pairs against P2P pairs; the default (128) is the CPU's choice, and
 # the GPU's best may lie either side of it (the rotated M2L made M2L pairs cheaper there).
 for leaf in ${LEAF_SWEEP:-64 256}; do
@@ -108,19 +121,6 @@ LEAPFMM_GPU_M2L=direct timeout 200 "$BIN" run "$DIR/big_direct.toml" --backend c
 echo "exit status $?"
 f="$DIR/runs/gpu_big_direct/diagnostics.csv"
 [ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
-
-# The baseline binary (scripts/gpu-kit.sh: the last commit timed on an H200) on the same
-# steps: the summary then compares today's kernels with those, phase by phase.
-BASE=${BASE_BIN:-.gpu-kit/baseline/leapfmm}
-if [ -x "$BASE" ]; then
-    echo "== N = $N2: the same 3 steps with the baseline binary, built from $(cat "$(dirname "$BASE")/commit" 2>/dev/null || echo '?')"
-    sed -e 's/name = "gpu_big"/name = "gpu_big_baseline"/' "$DIR/big.toml" > "$DIR/big_baseline.toml"
-    timeout 200 "$BASE" run "$DIR/big_baseline.toml" --backend cuda > "$DIR/big_baseline.log" 2>&1
-    echo "exit status $?"
-    grep "warning:" "$DIR/big_baseline.log" | sort | uniq -c | head -5
-    f="$DIR/runs/gpu_big_baseline/diagnostics.csv"
-    [ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
-fi
 
 echo "== ~100-step run, N = $N3: backend cuda (resident state), then cpu (diagnostics: first columns, last row)"
 cat > "$DIR/run.toml" <<EOF
@@ -159,10 +159,15 @@ for r in gpu_big gpu_big_direct gpu_big_baseline $(for leaf in ${LEAF_SWEEP:-64 
                 v[col["fmm_traversal_s"]], v[col["fmm_m2l_s"]], v[col["fmm_downward_s"]],
                 v[col["fmm_p2p_s"]], (w > 0 ? n / w : 0)
         }' "$f"
-done
+done | tee "$DIR/summary.txt"
+# Each phase of today's default run over the baseline binary's (below 1: faster now).
+awk '$1 == "gpu_big" { for (i = 2; i <= 8; i++) now[i] = $i }
+     $1 == "gpu_big_baseline" { for (i = 2; i <= 8; i++) base[i] = $i; seen = 1 }
+     END { if (seen) { printf "gpu_big/baseline"; for (i = 2; i <= 8; i++) printf " %.2f", (base[i] > 0 ? now[i] / base[i] : 0); print "" } }' \
+    "$DIR/summary.txt"
 
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    cp "$DIR/big.log" "$DIR/big_direct.log" "$DIR/big_baseline.log" "$DIR/gpu100.log" "$DIR"/big_leaf*.log "$OUT/" 2>/dev/null
+    cp "$DIR/summary.txt" "$DIR/big.log" "$DIR/big_direct.log" "$DIR/big_baseline.log" "$DIR/gpu100.log" "$DIR"/big_leaf*.log "$OUT/" 2>/dev/null
     for r in gpu_big gpu_big_direct gpu_big_baseline gpu100 cpu100 $(for leaf in ${LEAF_SWEEP:-64 256}; do echo "gpu_big_leaf$leaf"; done); do
         cp "$DIR/runs/$r/diagnostics.csv" "$OUT/$r.csv" 2>/dev/null
     done
