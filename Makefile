@@ -35,15 +35,23 @@ test-mpi: deps-mpi
 		$(CARGO) test --release --features mpi --test mpi --no-fail-fast; \
 	fi
 
-# Every kernels/*.cu compiles with NVRTC for sm_80 and sm_90 (no GPU needed): libnvrtc from
-# the nvidia-cuda-nvrtc-cu12 wheel in a local virtual environment; then the binary's own
-# NVRTC path (cudarc, with the PTX cache) compiles the embedded kernels.
+# Every kernels/*.cu compiles with NVRTC for sm_80 and sm_90 (no GPU needed), with NVRTC 12
+# (the nvidia-cuda-nvrtc-cu12 wheel, CI's long-standing check) and NVRTC 13.0 (the
+# nvidia-cuda-nvrtc wheel: a lent H200 has driver 580, CUDA 13.0, and its NVRTC is 13), in a
+# local virtual environment; then the binary's own NVRTC path (cudarc, with the PTX cache)
+# compiles the embedded kernels with each, NVRTC 13 under the plain name libnvrtc.so as
+# scripts/gpu-env.sh links it on the GPU machine.
+NVRTC_SITE = $(CURDIR)/.nvrtc-venv/lib/python3*/site-packages/nvidia
 kernels-check:
 	@python3 -m venv .nvrtc-venv 2>/dev/null || { scripts/install-deps.sh venv && python3 -m venv .nvrtc-venv; }
-	@.nvrtc-venv/bin/pip install -q --disable-pip-version-check nvidia-cuda-nvrtc-cu12
+	@.nvrtc-venv/bin/pip install -q --disable-pip-version-check nvidia-cuda-nvrtc-cu12 'nvidia-cuda-nvrtc==13.0.*'
 	@.nvrtc-venv/bin/python scripts/nvrtc-check.py
-	@LD_LIBRARY_PATH="$$(echo $(CURDIR)/.nvrtc-venv/lib/python3*/site-packages/nvidia/cuda_nvrtc/lib):$$LD_LIBRARY_PATH" \
+	@.nvrtc-venv/bin/python scripts/nvrtc-check.py --cuda 13
+	@LD_LIBRARY_PATH="$$(echo $(NVRTC_SITE)/cuda_nvrtc/lib):$$LD_LIBRARY_PATH" \
 		LEAPFMM_REQUIRE_NVRTC=1 $(CARGO) test --release --test gpu_nvrtc
+	@mkdir -p .nvrtc-venv/nvrtc13 && ln -sf "$$(echo $(NVRTC_SITE)/cu13/lib/libnvrtc.so.13)" .nvrtc-venv/nvrtc13/libnvrtc.so
+	@LD_LIBRARY_PATH="$(CURDIR)/.nvrtc-venv/nvrtc13:$$(echo $(NVRTC_SITE)/cu13/lib):$$LD_LIBRARY_PATH" \
+		LEAPFMM_REQUIRE_NVRTC=1 LEAPFMM_REQUIRE_NVRTC_MAJOR=13 $(CARGO) test --release --test gpu_nvrtc
 
 lint: deps
 	$(CARGO) fmt --check

@@ -10,6 +10,9 @@ The library is looked up in the wheel's folder of the running Python, then by na
 
 With --resources it also prints ptxas's registers, spills and shared memory of each
 kernel (the figures that set how many blocks fit on an SM), for sm_90 only.
+
+With --cuda 13 it takes NVRTC 13 instead, from the `nvidia-cuda-nvrtc` wheel (13.x; pip
+install 'nvidia-cuda-nvrtc==13.0.*'), the NVRTC of a GPU machine with CUDA 13.
 """
 
 import ctypes
@@ -21,16 +24,26 @@ import sysconfig
 ARCHS = ["sm_80", "sm_90"]
 
 
-def load_nvrtc():
+def load_nvrtc(cuda):
     site = sysconfig.get_paths()["purelib"]
-    candidates = glob.glob(os.path.join(site, "nvidia", "cuda_nvrtc", "lib", "libnvrtc.so.*"))
+    folder, wheel = {
+        "12": ("cuda_nvrtc", "nvidia-cuda-nvrtc-cu12"),
+        "13": ("cu13", "'nvidia-cuda-nvrtc==13.0.*'"),
+    }[cuda]
+    lib = os.path.join(site, "nvidia", folder, "lib")
+    # NVRTC opens its builtins library by name when it compiles; 13's is not found next to
+    # it without LD_LIBRARY_PATH, so load it first (the name then matches the loaded one).
+    for builtins in glob.glob(os.path.join(lib, "libnvrtc-builtins.so.*")):
+        if ".alt." not in builtins:
+            ctypes.CDLL(builtins, mode=ctypes.RTLD_GLOBAL)
+    candidates = glob.glob(os.path.join(lib, "libnvrtc.so.*"))
     candidates = [c for c in candidates if "builtins" not in c and ".alt." not in c]
-    for name in candidates + ["libnvrtc.so.12", "libnvrtc.so"]:
+    for name in candidates + [f"libnvrtc.so.{cuda}"]:
         try:
             return ctypes.CDLL(name)
         except OSError:
             continue
-    sys.exit("nvrtc-check: libnvrtc not found (pip install nvidia-cuda-nvrtc-cu12)")
+    sys.exit(f"nvrtc-check: libnvrtc {cuda} not found (pip install {wheel})")
 
 
 def check(lib, call, what):
@@ -65,11 +78,17 @@ def compile_one(lib, path, arch, include, resources=False):
 
 def main():
     root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "kernels")
-    lib = load_nvrtc()
+    args = sys.argv[1:]
+    cuda = args[args.index("--cuda") + 1] if "--cuda" in args else "12"
+    if cuda not in ("12", "13"):
+        sys.exit(f"nvrtc-check: --cuda takes 12 or 13, not {cuda}")
+    lib = load_nvrtc(cuda)
     major, minor = ctypes.c_int(), ctypes.c_int()
     lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor))
     print(f"NVRTC {major.value}.{minor.value}")
-    resources = "--resources" in sys.argv[1:]
+    if str(major.value) != cuda:
+        sys.exit(f"nvrtc-check: asked for NVRTC {cuda}, loaded {major.value}.{minor.value}")
+    resources = "--resources" in args
     sources = sorted(glob.glob(os.path.join(root, "*.cu")))
     if not sources:
         sys.exit("nvrtc-check: no kernels/*.cu")
