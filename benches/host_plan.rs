@@ -56,7 +56,7 @@ fn main() {
         sort_as_a_device(&p, &mut sorted);
         let start = Instant::now();
         let stats = solver
-            .plan_sorted(&mut sorted, &p.id, None)
+            .plan_sorted(&mut sorted, &p.id, None, None)
             .expect("sorted particles");
         report(&mut solver, k, start, stats);
     }
@@ -111,7 +111,7 @@ fn device_plans(p: &Particles, settings: &FmmSettings, walk: bool, split: bool) 
         let stats = if split {
             solver.plan_split(&p.id, &mut device)
         } else {
-            solver.plan_sorted(&mut sorted, &p.id, Some(&mut device))
+            solver.plan_sorted(&mut sorted, &p.id, Some(&mut device), None)
         };
         report(&mut solver, k, start, stats.expect("sorted particles"));
     }

@@ -16,6 +16,18 @@ extern "C" __global__ void kick(double* __restrict__ vel, const double* __restri
     }
 }
 
+// The block scheme's kick: v += a h[i], each particle its own step (h[i] = 0 leaves it
+// alone, as the host's `kick_by` does).
+extern "C" __global__ void kick_each(double* __restrict__ vel, const double* __restrict__ acc,
+                                     const double* __restrict__ h, unsigned n) {
+    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n && h[i] != 0.0) {
+        for (int k = 0; k < 3; ++k) {
+            vel[3 * i + k] = __dadd_rn(vel[3 * i + k], __dmul_rn(acc[3 * i + k], h[i]));
+        }
+    }
+}
+
 extern "C" __global__ void drift(double* __restrict__ pos, const double* __restrict__ vel,
                                  double dt, unsigned n) {
     const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -704,24 +704,15 @@ impl<'a> Simulation<'a> {
             progress.note(&format!("{}: {note}", c.name));
         }
         let since = timeline.time(state.ti);
-        let residence = match (c.integrator.scheme, solver.resident().is_some()) {
-            (StepScheme::Global, true) => {
+        let residence = match solver.resident() {
+            Some(_) => {
                 progress.note(&format!(
                     "{}: the particles stay on the device between steps",
                     c.name
                 ));
                 Residence::DeviceToLoad
             }
-            (StepScheme::Block, true) => {
-                // Design §7 keeps the state on the device; the block scheme's sub-steps are
-                // not written there yet, so say what the run does instead.
-                progress.note(&format!(
-                    "{}: block steps keep the particles on the host (positions go to the device and forces come back at each sub-step); global steps keep them on the device",
-                    c.name
-                ));
-                Residence::Host
-            }
-            _ => Residence::Host,
+            None => Residence::Host,
         };
         let mut sim = Simulation {
             spec,
@@ -841,6 +832,29 @@ impl<'a> Simulation<'a> {
         Ok(())
     }
 
+    /// The block scheme's kicks, `v += a h[i]` for each particle i, where the state is.
+    fn kick_each(&mut self, h: &[f64]) -> Result<(), RunError> {
+        let on_device = self.on_device();
+        match self.solver.resident().filter(|_| on_device) {
+            Some(device) => {
+                device.kick_each(h)?;
+                self.residence = Residence::Device { host_behind: true };
+            }
+            None => kick_by(&mut self.particles, h),
+        }
+        Ok(())
+    }
+
+    /// Brings the host's accelerations up to date with the device's, where they are there
+    /// (the block scheme's step criterion reads them).
+    fn fetch_accelerations(&mut self) -> Result<(), RunError> {
+        let on_device = self.on_device();
+        if let Some(device) = self.solver.resident().filter(|_| on_device) {
+            device.accelerations(&mut self.particles)?;
+        }
+        Ok(())
+    }
+
     /// The largest |a| of each component's particles on this rank, where the state is.
     fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], RunError> {
         let on_device = self.on_device();
@@ -860,8 +874,13 @@ impl<'a> Simulation<'a> {
                 self.residence = Residence::Device { host_behind: true };
                 report
             }
+            (Some(active), Some(device)) => {
+                let report = device.compute_active(&mut self.particles, active)?;
+                self.residence = Residence::Device { host_behind: true };
+                report
+            }
             (None, None) => self.solver.compute(&mut self.particles)?,
-            (Some(active), _) => self.solver.compute_active(&mut self.particles, active)?,
+            (Some(active), None) => self.solver.compute_active(&mut self.particles, active)?,
         };
         self.interactions += report.pair_interactions;
         if self.solver_stats.len() != report.stats.len() {
@@ -1008,6 +1027,7 @@ impl<'a> Simulation<'a> {
         let integ = &self.spec.config.integrator;
         let deepest = integ.max_rungs as u32;
         let start = Instant::now();
+        self.load_resident()?;
         let ti0 = self.state.ti;
         let n = self.particles.len();
         let rung = self
@@ -1023,7 +1043,7 @@ impl<'a> Simulation<'a> {
             .iter()
             .map(|&r| 0.5 * self.timeline.level_dt(r))
             .collect();
-        kick_by(&mut self.particles, &half);
+        self.kick_each(&half)?;
         let mut ti = ti0;
         self.wall.integrate += start.elapsed().as_secs_f64();
         loop {
@@ -1039,7 +1059,7 @@ impl<'a> Simulation<'a> {
                 ti = (ti0 / TICKS_PER_DT_MAX + 1) * TICKS_PER_DT_MAX;
                 break;
             }
-            drift(&mut self.particles, self.timeline.span(ti, next));
+            self.apply(Operator::Drift, self.timeline.span(ti, next))?;
             ti = next;
             let active = rungs.ending_at(ti);
             let count = active.iter().filter(|&&a| a).count() as u64;
@@ -1058,12 +1078,15 @@ impl<'a> Simulation<'a> {
                     .iter()
                     .map(|&r| 0.5 * self.timeline.level_dt(u32::from(r)))
                     .collect();
-                kick_by(&mut self.particles, &half);
+                self.kick_each(&half)?;
+                // The next cycle's rungs come from these accelerations.
+                self.fetch_accelerations()?;
                 self.wall.integrate += start.elapsed().as_secs_f64();
                 break;
             }
             self.compute_forces(Some(&active))?;
             let start = Instant::now();
+            self.fetch_accelerations()?;
             for i in 0..n {
                 half[i] = if active[i] {
                     0.5 * self.timeline.level_dt(rungs.rung[i])
@@ -1071,7 +1094,7 @@ impl<'a> Simulation<'a> {
                     0.0
                 };
             }
-            kick_by(&mut self.particles, &half);
+            self.kick_each(&half)?;
             let wanted = self.wanted_steps();
             for i in 0..n {
                 half[i] = 0.0;
@@ -1082,7 +1105,7 @@ impl<'a> Simulation<'a> {
                     half[i] = 0.5 * self.timeline.level_dt(r);
                 }
             }
-            kick_by(&mut self.particles, &half);
+            self.kick_each(&half)?;
             self.wall.integrate += start.elapsed().as_secs_f64();
         }
         let finest = allreduce_max(self.comm, &[f64::from(finest)])?[0] as u32;
@@ -1480,6 +1503,34 @@ mod tests {
             Ok(report)
         }
 
+        fn compute_active(
+            &mut self,
+            particles: &mut Particles,
+            active: &[bool],
+        ) -> Result<ForceReport, GravityError> {
+            let report = self.inner.compute_active(&mut self.device, active)?;
+            particles.pos.clone_from(&self.device.pos);
+            // The others' accelerations are undefined on a device: a run that read them
+            // before their next evaluation would differ from the host's.
+            for (a, &on) in self.device.acc.iter_mut().zip(active) {
+                if !on {
+                    *a = [f64::NAN; 3];
+                }
+            }
+            Ok(report)
+        }
+
+        fn kick_each(&mut self, h: &[f64]) -> Result<(), GravityError> {
+            self.kicks.fetch_add(1, Ordering::SeqCst);
+            kick_by(&mut self.device, h);
+            Ok(())
+        }
+
+        fn accelerations(&mut self, particles: &mut Particles) -> Result<(), GravityError> {
+            particles.acc.clone_from(&self.device.acc);
+            Ok(())
+        }
+
         fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], GravityError> {
             Ok(max_acceleration_by_component(&self.device))
         }
@@ -1497,12 +1548,20 @@ mod tests {
         }
     }
 
-    /// Runs a 400-particle Plummer sphere (FMM, adaptive steps, diagnostics every third
-    /// step, snapshots and checkpoints on their own intervals) named `name` to `t_end`,
-    /// on the host or with its state resident on a `Mirror`; the device's kick count.
-    fn plummer(dir: &Path, name: &str, t_end: f64, mirror: bool, resume: bool) -> usize {
+    /// Runs a 400-particle Plummer sphere (FMM, adaptive steps of the `scheme`, diagnostics
+    /// every third step, snapshots and checkpoints on their own intervals) named `name` to
+    /// `t_end`, on the host or with its state resident on a `Mirror`; the device's kick
+    /// count.
+    fn plummer(
+        dir: &Path,
+        name: &str,
+        t_end: f64,
+        mirror: bool,
+        resume: bool,
+        scheme: &str,
+    ) -> usize {
         let text = format!(
-            "name = \"{name}\"\noutput_dir = \"{}\"\nunits = \"nbody\"\nseed = 5\n[ics]\nmodel = \"{}\"\nn = 400\n[gravity]\nsoftening = 0.05\n[integrator]\nt_end = {t_end}\ndt_max = 0.0625\neta = 0.1\n[output]\ndiagnostics_every = 3\nsnapshot_interval = 0.25\ncheckpoint_interval = 0.125\nsnapshot_precision = \"double\"\n",
+            "name = \"{name}\"\noutput_dir = \"{}\"\nunits = \"nbody\"\nseed = 5\n[ics]\nmodel = \"{}\"\nn = 400\n[gravity]\nsoftening = 0.05\n[integrator]\nt_end = {t_end}\ndt_max = 0.0625\neta = 0.1\nscheme = \"{scheme}\"\n[output]\ndiagnostics_every = 3\nsnapshot_interval = 0.25\ncheckpoint_interval = 0.125\nsnapshot_precision = \"double\"\n",
             dir.join("runs").display(),
             Path::new(env!("CARGO_MANIFEST_DIR"))
                 .join("ics/plummer.toml")
@@ -1556,23 +1615,32 @@ mod tests {
 
     #[test]
     fn a_run_with_its_state_resident_on_a_device_writes_the_host_runs_bits() {
+        for scheme in ["global", "block"] {
+            resident_run_writes_the_host_runs_bits(scheme);
+        }
+    }
+
+    fn resident_run_writes_the_host_runs_bits(scheme: &str) {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
-        assert_eq!(plummer(d, "host", 0.5, false, false), 0);
-        let kicks = plummer(d, "device", 0.5, true, false);
-        assert!(kicks > 16, "the device state was not used: {kicks} kicks");
+        assert_eq!(plummer(d, "host", 0.5, false, false, scheme), 0);
+        let kicks = plummer(d, "device", 0.5, true, false, scheme);
+        assert!(
+            kicks > 16,
+            "{scheme}: the device state was not used: {kicks} kicks"
+        );
         // Stopped at 0.25 and resumed from its checkpoint, resident both times.
-        plummer(d, "resumed", 0.25, true, false);
-        plummer(d, "resumed", 0.5, true, true);
+        plummer(d, "resumed", 0.25, true, false, scheme);
+        plummer(d, "resumed", 0.5, true, true, scheme);
         let rows = physics(d, "host");
-        assert!(rows.len() > 5);
-        assert_eq!(rows, physics(d, "device"));
-        assert_eq!(rows, physics(d, "resumed"));
+        assert!(rows.len() > 5, "{scheme}");
+        assert_eq!(rows, physics(d, "device"), "{scheme}");
+        assert_eq!(rows, physics(d, "resumed"), "{scheme}");
         let host = last_snapshot(d, "host");
         for name in ["device", "resumed"] {
             let p = last_snapshot(d, name);
-            assert_eq!(host.pos, p.pos, "{name}");
-            assert_eq!(host.vel, p.vel, "{name}");
+            assert_eq!(host.pos, p.pos, "{scheme}: {name}");
+            assert_eq!(host.vel, p.vel, "{scheme}: {name}");
         }
     }
 }

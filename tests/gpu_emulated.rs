@@ -336,7 +336,7 @@ fn block_steps_and_two_thread_ranks_on_the_emulated_gpus_follow_the_cpu() {
         1,
     );
     assert!(
-        said.contains("block steps keep the particles on the host"),
+        said.contains("the particles stay on the device between steps"),
         "{said}"
     );
     run(

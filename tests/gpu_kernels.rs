@@ -231,26 +231,49 @@ fn p2p_kernel_matches_the_cpu_pair_sums() {
 }
 
 #[test]
-fn kick_and_drift_kernels_match_the_integrator_exactly() {
+fn kick_drift_and_kick_each_kernels_match_the_integrator_exactly() {
     let n = 1000usize;
     let mut rng = rand_pcg::Pcg64::seed_from_u64(5);
     let mut v3 = || -> Vec<f64> { (0..3 * n).map(|_| rng.random_range(-1.0..1.0)).collect() };
     let (pos, vel, acc) = (v3(), v3(), v3());
+    // The block scheme's own steps: a third of the particles left alone (h = 0).
+    let h: Vec<f64> = (0..n)
+        .map(|i| {
+            if i % 3 == 0 {
+                0.0
+            } else {
+                rng.random_range(0.0..0.01)
+            }
+        })
+        .collect();
     let dt = 0.0078125f64;
     let mut b = Vec::new();
     b.extend((n as u32).to_le_bytes());
     b.extend(96u32.to_le_bytes());
     b.extend(dt.to_le_bytes());
-    for v in [&pos, &vel, &acc] {
+    for v in [&pos, &vel, &acc, &h] {
         v.iter().for_each(|x| b.extend(x.to_le_bytes()));
     }
     let out = f64s(&run_harness("integrate", &b));
-    let (v_out, x_out) = out.split_at(3 * n);
+    let (v_out, rest) = out.split_at(3 * n);
+    let (x_out, v_each) = rest.split_at(3 * n);
     for k in 0..3 * n {
         let v = vel[k] + acc[k] * dt;
         assert_eq!(v_out[k].to_bits(), v.to_bits());
         assert_eq!(x_out[k].to_bits(), (pos[k] + v * dt).to_bits());
     }
+    // kick_each against the host's kick_by, from the kicked velocities.
+    let mut p = leapfmm::particles::Particles {
+        vel: v_out.chunks_exact(3).map(|v| [v[0], v[1], v[2]]).collect(),
+        acc: acc.chunks_exact(3).map(|a| [a[0], a[1], a[2]]).collect(),
+        ..Default::default()
+    };
+    leapfmm::integrate::leapfrog::kick_by(&mut p, &h);
+    let host: Vec<f64> = p.vel.iter().flatten().copied().collect();
+    assert_eq!(
+        v_each.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+        host.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    );
 }
 
 #[test]
@@ -473,7 +496,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     use leapfmm::gravity::GravitySolver;
     let (mut a, mut b) = two_solvers_with_small_caps();
     let mut sorted = device_sorted();
-    let stats = a.plan_sorted(&mut sorted, &id, None).unwrap();
+    let stats = a.plan_sorted(&mut sorted, &id, None, None).unwrap();
     assert!(stats.retries >= 2, "{} retries", stats.retries);
     b.plan_with(&pos, &mass, &id, Default::default()).unwrap();
     let (pa, pb) = (a.device_plan().unwrap(), b.device_plan().unwrap());
@@ -488,7 +511,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     let mut broken = device_sorted();
     broken.order[7] = broken.order[8];
     assert!(matches!(
-        a.plan_sorted(&mut broken, &id, None),
+        a.plan_sorted(&mut broken, &id, None, None),
         Err(leapfmm::gravity::GravityError::NotSorted(_))
     ));
     a.plan_with(&pos, &mass, &id, Default::default()).unwrap();
@@ -502,7 +525,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     let mut keys_only = device_sorted();
     (keys_only.pos, keys_only.mass) = (Vec::new(), Vec::new());
     assert!(matches!(
-        a.plan_sorted(&mut keys_only.clone(), &id, None),
+        a.plan_sorted(&mut keys_only.clone(), &id, None, None),
         Err(leapfmm::gravity::GravityError::NotSorted(_))
     ));
     let mut device = EmulatedDevice {
@@ -518,7 +541,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
         downloads: 0,
     };
     let stats = a
-        .plan_sorted(&mut keys_only, &id, Some(&mut device))
+        .plan_sorted(&mut keys_only, &id, Some(&mut device), None)
         .unwrap();
     assert_eq!(device.reordered, [true], "one call, told of the reordering");
     // The host walked, so it took the device's moments.
@@ -537,7 +560,7 @@ fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     (keys_only.pos, keys_only.mass) = (Vec::new(), Vec::new());
     device.walk = true;
     let stats = a
-        .plan_sorted(&mut keys_only, &id, Some(&mut device))
+        .plan_sorted(&mut keys_only, &id, Some(&mut device), None)
         .unwrap();
     let walked = device.walked.take().expect("the device walked");
     let (pa, pb) = (a.device_plan().unwrap(), b.device_plan().unwrap());

@@ -1,7 +1,8 @@
 // Runs leapfmm's kernels under the CPU emulation (cuda_shim.h) on inputs written by
 // tests/gpu_kernels.rs, and writes their outputs back:
 //   harness p2p IN OUT        IN: counts, parameters and arrays of a P2P launch; OUT: acc, pot
-//   harness integrate IN OUT  IN: n, dt, block, pos, vel, acc; OUT: vel after kick, pos after drift
+//   harness integrate IN OUT  IN: n, dt, block, pos, vel, acc, h; OUT: vel after kick, pos after
+//                             drift, then vel after kick_each by h (from the kicked vel)
 //   harness state IN OUT      IN: n, block, order_of, pos, mass, acc (tree order), pot (tree order),
 //                             component bytes; OUT: gathered pos and mass, scattered acc and pot,
 //                             per-block maxima of |a|^2 by component (of the scattered acc)
@@ -150,11 +151,15 @@ int main(int argc, char** argv) {
         auto n = in.one<uint32_t>(), block = in.one<uint32_t>();
         auto dt = in.one<double>();
         auto pos = in.many<double>(3 * n), vel = in.many<double>(3 * n), acc = in.many<double>(3 * n);
+        auto h = in.many<double>(n);
         unsigned grid = (n + block - 1) / block;
         launch(grid, block, kick, vel.data(), (const double*)acc.data(), dt, (unsigned)n);
         launch(grid, block, drift, pos.data(), (const double*)vel.data(), dt, (unsigned)n);
         put(out, vel);
         put(out, pos);
+        launch(grid, block, kick_each, vel.data(), (const double*)acc.data(),
+               (const double*)h.data(), (unsigned)n);
+        put(out, vel);
     } else if (mode == "state") {
         auto n = in.one<uint32_t>(), block = in.one<uint32_t>();
         auto order_of = in.many<uint32_t>(n);

@@ -548,11 +548,14 @@ impl FmmSolver {
     /// host only splits the cells and walks, or, given the `device` that holds the
     /// particles (needed when `sorted` has no positions), takes the cells' moments from it
     /// and lets it walk. The same tree, lists and plan as `plan` on the same particles.
+    /// With `active` (the caller's order, as `id`), the lists only for the cells holding
+    /// those particles, walked on the host.
     pub fn plan_sorted(
         &mut self,
         sorted: &mut SortedParticles,
         id: &[u64],
         device: Option<&mut dyn DeviceTree>,
+        active: Option<&[bool]>,
     ) -> Result<FmmStats, GravityError> {
         let mut stats = FmmStats::default();
         if sorted.pos.is_empty() && !sorted.keys.is_empty() && device.is_none() {
@@ -563,9 +566,16 @@ impl FmmSolver {
         // A shorter borrow of the device, as long as the one of `sorted`.
         let device = device.map(|d| d as &mut dyn DeviceTree);
         let input = TreeInput::Sorted { sorted, device };
-        self.build_lists(input, id, Evaluation::default(), false, &mut stats)?;
-        self.tracker.settle(&stats.used);
-        self.record_presets(id.len());
+        let with = Evaluation {
+            active,
+            ..Evaluation::default()
+        };
+        self.build_lists(input, id, with, false, &mut stats)?;
+        // A partial evaluation's needs say nothing of a full one's (as in `plan_with`).
+        if active.is_none() {
+            self.tracker.settle(&stats.used);
+            self.record_presets(id.len());
+        }
         Ok(stats)
     }
 

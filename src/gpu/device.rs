@@ -203,6 +203,7 @@ struct Kernels {
     l2p: CudaFunction,
     p2p: CudaFunction,
     kick: CudaFunction,
+    kick_each: CudaFunction,
     drift: CudaFunction,
     gather: CudaFunction,
     scatter: CudaFunction,
@@ -240,6 +241,9 @@ pub struct DeviceState {
     component: CudaSlice<u8>,
     /// The particles' ids, which order runs of equal keys.
     id: CudaSlice<u64>,
+    /// Each particle's step of the block scheme's last kick (`GpuFmm::kick_each`; made at
+    /// the first).
+    steps: Option<CudaSlice<f64>>,
 }
 
 /// What `GpuFmm::sort_resident` found.
@@ -732,6 +736,7 @@ impl GpuFmm {
             l2p: function("expansions.cu", "l2p_particles")?,
             p2p: function("p2p.cu", "p2p_leaves")?,
             kick: function("integrate.cu", "kick")?,
+            kick_each: function("integrate.cu", "kick_each")?,
             drift: function("integrate.cu", "drift")?,
             gather: function("integrate.cu", "gather_tree_order")?,
             scatter: function("integrate.cu", "scatter_forces")?,
@@ -999,6 +1004,7 @@ impl GpuFmm {
             partial: stream.alloc_zeros::<f64>(partial)?,
             component: component_buf,
             id,
+            steps: None,
         })
     }
 
@@ -1006,6 +1012,37 @@ impl GpuFmm {
     pub fn kick(&self, state: &mut DeviceState, dt: f64) -> Result<(), GpuError> {
         let kernel = &self.kernels.kick;
         self.add_scaled(kernel, &mut state.vel, &state.acc, dt, state.n)
+    }
+
+    /// `v += a h[i]` for each particle i on the device (the block scheme's kicks; h = 0
+    /// leaves one alone), with the host's bits (`leapfrog::kick_by`).
+    pub fn kick_each(&self, state: &mut DeviceState, h: &[f64]) -> Result<(), GpuError> {
+        let n = state.n;
+        if h.len() != n {
+            return Err(GpuError::Unsupported(format!(
+                "steps for {} particles on a device state of {n}",
+                h.len()
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let steps = match &mut state.steps {
+            Some(steps) => steps,
+            none => none.insert(self.stream.alloc_zeros::<f64>(n)?),
+        };
+        self.stream.memcpy_htod(h, steps)?;
+        let n32 = n as u32;
+        let mut launch = self.stream.launch_builder(&self.kernels.kick_each);
+        launch
+            .arg(&mut state.vel)
+            .arg(&state.acc)
+            .arg(steps)
+            .arg(&n32);
+        // SAFETY: the arguments match kick_each's signature; vel and acc hold 3 n values,
+        // steps n.
+        unsafe { launch.launch(grid(n)) }?;
+        Ok(())
     }
 
     /// `x += v dt` on the device.
@@ -1754,6 +1791,27 @@ impl GpuFmm {
             *p = [x[0], x[1], x[2]];
         }
         Ok(())
+    }
+
+    /// Copies the accelerations of `state` into `acc` (the block scheme's step criterion
+    /// reads them).
+    pub fn accelerations(
+        &mut self,
+        state: &DeviceState,
+        acc: &mut [[f64; 3]],
+    ) -> Result<(), GpuError> {
+        let n = state.n;
+        if acc.len() != n {
+            return Err(GpuError::Unsupported(format!(
+                "accelerations of {n} particles into {}",
+                acc.len()
+            )));
+        }
+        self.stage.download(
+            &self.stream,
+            &state.acc.slice(0..3 * n),
+            acc[..n].as_flattened_mut(),
+        )
     }
 
     /// Copies positions, velocities, accelerations and potentials of `state` into

@@ -1,13 +1,14 @@
 //! The GPU force solver of a run (design §7's pipeline). With the particles resident on the
-//! device (`ResidentState`, the global scheme), the device keys and sorts them into tree
-//! order and splits them into cells (the sort's sums and the cells come back for the host
-//! to check; when a run of equal keys is too long for the device to order by id, the keys
-//! and order come back instead for the host to order it and split), computes the cells'
-//! moments and walks the tree (the moments come back; the lists stay there, unless the
-//! device's walk gives up on a step and the host walks), and runs the passes. Otherwise
-//! (`compute`, and the block scheme's sub-steps with lists for the active particles' cells
-//! only) the host builds the tree and lists (`FmmSolver::plan`), positions go up and
-//! forces come down.
+//! device (`ResidentState`), the device keys and sorts them into tree order and splits
+//! them into cells (the sort's sums and the cells come back for the host to check; when a
+//! run of equal keys is too long for the device to order by id, the keys and order come
+//! back instead for the host to order it and split), computes the cells' moments and walks
+//! the tree (the moments come back; the lists stay there, unless the device's walk gives up
+//! on a step and the host walks), and runs the passes. For the block scheme's sub-steps
+//! (`ResidentState::compute_active`) the keys and order come back and the host splits and
+//! walks for the active particles' cells only. Otherwise (`GravitySolver::compute`, the
+//! first evaluation before the state is loaded) the host builds the tree and lists
+//! (`FmmSolver::plan`), positions go up and forces come down.
 
 use super::device::{DeviceState, GpuError, GpuFmm};
 use crate::distributed::driver::{RankStats, rank_stat_names};
@@ -85,9 +86,12 @@ impl GpuSolver {
     /// device to order by id), its moments of the cells and its walk; `None` when the host
     /// rejects that sort or split (then, with a warning, the host sorts from now on: a
     /// fault of the device's tree costs speed, not the run).
+    /// With `active`, the host splits and walks for the cells holding those particles (the
+    /// device's walk is for all), from the downloaded sort.
     fn plan_device_sorted(
         &mut self,
         particles: &mut Particles,
+        active: Option<&[bool]>,
     ) -> Result<Option<FmmStats>, GravityError> {
         let state = self.state.as_ref().ok_or_else(not_loaded)?;
         let t0 = Instant::now();
@@ -105,7 +109,7 @@ impl GpuSolver {
         let checked = sort.summary.check(state.particles());
         // Runs of equal keys too long for the device are ordered by id on the host, from
         // the downloaded sort.
-        let host_splits = checked.is_ok() && !sort.runs_ordered;
+        let host_splits = checked.is_ok() && (!sort.runs_ordered || active.is_some());
         if host_splits {
             self.device
                 .download_sorted(state, sort.cube, &mut self.sorted, false)
@@ -122,10 +126,12 @@ impl GpuSolver {
         };
         let planned = match checked {
             Err(why) => Err(GravityError::NotSorted(why)),
-            Ok(()) if host_splits => {
-                self.host
-                    .plan_sorted(&mut self.sorted, &particles.id, Some(&mut on_device))
-            }
+            Ok(()) if host_splits => self.host.plan_sorted(
+                &mut self.sorted,
+                &particles.id,
+                Some(&mut on_device),
+                active,
+            ),
             Ok(()) => self.host.plan_split(&particles.id, &mut on_device),
         };
         if walk_declined && !self.walk_declined_said {
@@ -179,6 +185,54 @@ impl GpuSolver {
             &mut particles.pot,
         );
         Ok(Self::report(&plan, stats, out.seconds, start))
+    }
+
+    /// Forces on the resident particles, or with `active` on those flagged (the others'
+    /// left undefined on the device): the device sorts them into tree order and computes
+    /// the cells' moments; it also splits them into cells and walks, unless the host must
+    /// (`plan_device_sorted`); when the device's tree is rejected, the host's from the
+    /// downloaded positions.
+    fn compute_resident(
+        &mut self,
+        particles: &mut Particles,
+        active: Option<&[bool]>,
+    ) -> Result<ForceReport, GravityError> {
+        let start = Instant::now();
+        if particles.is_empty() {
+            return Ok(no_work());
+        }
+        let sorted_plan = if self.sort_on_device {
+            self.plan_device_sorted(particles, active)?
+        } else {
+            None
+        };
+        let tree_on_device = sorted_plan.is_some();
+        let stats = match sorted_plan {
+            Some(stats) => stats,
+            None => {
+                let state = self.state.as_ref().ok_or_else(not_loaded)?;
+                self.device
+                    .positions(state, &mut particles.pos)
+                    .map_err(device_error)?;
+                self.plan(particles, active)?
+            }
+        };
+        let plan = self.host.device_plan()?;
+        let settings = self.host.settings();
+        let caps = self.host.caps().unwrap_or_default();
+        let state = self.state.as_mut().ok_or_else(not_loaded)?;
+        let seconds = self
+            .device
+            .evaluate_resident(
+                &plan,
+                &caps,
+                settings.softening,
+                settings.g,
+                state,
+                tree_on_device,
+            )
+            .map_err(device_error)?;
+        Ok(Self::report(&plan, stats, seconds, start))
     }
 
     /// The report of an evaluation of `plan` whose device phases took `s`.
@@ -261,42 +315,27 @@ impl ResidentState for GpuSolver {
     }
 
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
-        let start = Instant::now();
-        if particles.is_empty() {
-            return Ok(no_work());
-        }
-        let sorted_plan = if self.sort_on_device {
-            self.plan_device_sorted(particles)?
-        } else {
-            None
-        };
-        let tree_on_device = sorted_plan.is_some();
-        let stats = match sorted_plan {
-            Some(stats) => stats,
-            None => {
-                let state = self.state.as_ref().ok_or_else(not_loaded)?;
-                self.device
-                    .positions(state, &mut particles.pos)
-                    .map_err(device_error)?;
-                self.plan(particles, None)?
-            }
-        };
-        let plan = self.host.device_plan()?;
-        let settings = self.host.settings();
-        let caps = self.host.caps().unwrap_or_default();
+        self.compute_resident(particles, None)
+    }
+
+    fn compute_active(
+        &mut self,
+        particles: &mut Particles,
+        active: &[bool],
+    ) -> Result<ForceReport, GravityError> {
+        self.compute_resident(particles, Some(active))
+    }
+
+    fn kick_each(&mut self, h: &[f64]) -> Result<(), GravityError> {
         let state = self.state.as_mut().ok_or_else(not_loaded)?;
-        let seconds = self
-            .device
-            .evaluate_resident(
-                &plan,
-                &caps,
-                settings.softening,
-                settings.g,
-                state,
-                tree_on_device,
-            )
-            .map_err(device_error)?;
-        Ok(Self::report(&plan, stats, seconds, start))
+        self.device.kick_each(state, h).map_err(device_error)
+    }
+
+    fn accelerations(&mut self, particles: &mut Particles) -> Result<(), GravityError> {
+        let state = self.state.as_ref().ok_or_else(not_loaded)?;
+        self.device
+            .accelerations(state, &mut particles.acc)
+            .map_err(device_error)
     }
 
     fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], GravityError> {

@@ -169,6 +169,23 @@ pub trait ResidentState {
     /// not brought up to date (`store` does that).
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError>;
 
+    /// `compute` for the particles flagged in `active` (the block scheme's sub-steps): their
+    /// accelerations and potentials on the device are the host's `compute_active` would
+    /// give; the others' are left undefined there (the scheme reads them only after their
+    /// own next evaluation).
+    fn compute_active(
+        &mut self,
+        particles: &mut Particles,
+        active: &[bool],
+    ) -> Result<ForceReport, GravityError>;
+
+    /// `v += a h[i]` for each particle i on the device (`leapfrog::kick_by`).
+    fn kick_each(&mut self, h: &[f64]) -> Result<(), GravityError>;
+
+    /// The device's accelerations into `particles.acc` (the block scheme's step criterion
+    /// reads them on the host).
+    fn accelerations(&mut self, particles: &mut Particles) -> Result<(), GravityError>;
+
     /// The largest |a| of each component's particles, as
     /// `integrate::leapfrog::max_acceleration_by_component` gives it on the host.
     fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], GravityError>;
