@@ -2100,7 +2100,7 @@ fn a_plan_from_the_devices_split_is_the_hosts_plan() {
         moments: Vec::new(),
         downloads: 0,
     };
-    let stats = a.plan_split(&id, &mut device).unwrap();
+    let stats = a.plan_split(&id, &mut device, None).unwrap();
     assert!(stats.retries >= 2, "{} retries", stats.retries);
     assert_eq!(device.reordered, [false]);
     b.plan_with(&pos, &mass, &id, Default::default()).unwrap();
@@ -2126,7 +2126,7 @@ fn a_plan_from_the_devices_split_is_the_hosts_plan() {
     // A sort that is not one is refused as such (the GPU solver then sorts on the host).
     device.sorter_order[5] = device.sorter_order[6];
     assert!(matches!(
-        a.plan_split(&id, &mut device),
+        a.plan_split(&id, &mut device, None),
         Err(leapfmm::gravity::GravityError::NotSorted(_))
     ));
 }

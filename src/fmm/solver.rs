@@ -581,16 +581,25 @@ impl FmmSolver {
 
     /// As `plan_sorted`, for particles that `device` sorted and splits into cells itself:
     /// only the cells come here (`DeviceTree::split_cells`).
+    /// With `active`, the lists only for the cells holding those particles, walked on the
+    /// host (the device's split must then leave the tree's order, `Tree::order`, set).
     pub fn plan_split(
         &mut self,
         id: &[u64],
         device: &mut dyn DeviceTree,
+        active: Option<&[bool]>,
     ) -> Result<FmmStats, GravityError> {
         let mut stats = FmmStats::default();
         let input = TreeInput::Split { device };
-        self.build_lists(input, id, Evaluation::default(), false, &mut stats)?;
-        self.tracker.settle(&stats.used);
-        self.record_presets(id.len());
+        let with = Evaluation {
+            active,
+            ..Evaluation::default()
+        };
+        self.build_lists(input, id, with, false, &mut stats)?;
+        if active.is_none() {
+            self.tracker.settle(&stats.used);
+            self.record_presets(id.len());
+        }
         Ok(stats)
     }
 
@@ -683,6 +692,11 @@ impl FmmSolver {
         }
         self.targets.clear();
         if let Some(active) = active {
+            if self.tree.order.len() != n || active.len() != n {
+                return Err(GravityError::NotSorted(NotSorted(
+                    "no tree order to find the active particles' cells in",
+                )));
+            }
             self.targets = self.tree.cells_holding(active);
         }
         let t0 = Instant::now();

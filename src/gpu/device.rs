@@ -1312,6 +1312,30 @@ impl GpuFmm {
         Ok(())
     }
 
+    /// The order of `state`'s last `sort_resident` (the particle of each place in tree order)
+    /// downloaded into `out`: what the host needs to find the cells holding given particles
+    /// (`Tree::cells_holding`) in a tree the device split.
+    pub fn download_order(
+        &mut self,
+        state: &DeviceState,
+        out: &mut Vec<u32>,
+    ) -> Result<(), GpuError> {
+        let n = state.n;
+        let s = self.sorting.as_ref().ok_or_else(|| {
+            GpuError::Unsupported("a download of the sort's order before the sort".into())
+        })?;
+        if s.index[0].buf.len() < n {
+            return Err(GpuError::Unsupported(
+                "a download of a sort of fewer particles".into(),
+            ));
+        }
+        out.resize(n, 0);
+        self.stream
+            .memcpy_dtoh(&s.index[0].buf.slice(0..n), &mut out[..])?;
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
     /// The particles of `state`'s last `sort_resident` split into cells on the device
     /// (kernels/split.cu, level by level: counts, prefix sums, writes): at most
     /// `leaf_size` a leaf, the cells of `Tree::build_cells` in its numbering, their columns

@@ -5,8 +5,8 @@
 //! back instead for the host to order it and split), computes the cells' moments and walks
 //! the tree (the moments come back; the lists stay there, unless the device's walk gives up
 //! on a step and the host walks), and runs the passes. For the block scheme's sub-steps
-//! (`ResidentState::compute_active`) the keys and order come back and the host splits and
-//! walks for the active particles' cells only. Otherwise (`GravitySolver::compute`, the
+//! (`ResidentState::compute_active`) the sort's order comes back too and the host walks
+//! for the active particles' cells only. Otherwise (`GravitySolver::compute`, the
 //! first evaluation before the state is loaded) the host builds the tree and lists
 //! (`FmmSolver::plan`), positions go up and forces come down.
 
@@ -86,8 +86,8 @@ impl GpuSolver {
     /// device to order by id), its moments of the cells and its walk; `None` when the host
     /// rejects that sort or split (then, with a warning, the host sorts from now on: a
     /// fault of the device's tree costs speed, not the run).
-    /// With `active`, the host splits and walks for the cells holding those particles (the
-    /// device's walk is for all), from the downloaded sort.
+    /// With `active`, the host walks for the cells holding those particles only (the
+    /// device's walk is for all), with the sort's order downloaded to find them.
     fn plan_device_sorted(
         &mut self,
         particles: &mut Particles,
@@ -109,7 +109,7 @@ impl GpuSolver {
         let checked = sort.summary.check(state.particles());
         // Runs of equal keys too long for the device are ordered by id on the host, from
         // the downloaded sort.
-        let host_splits = checked.is_ok() && (!sort.runs_ordered || active.is_some());
+        let host_splits = checked.is_ok() && !sort.runs_ordered;
         if host_splits {
             self.device
                 .download_sorted(state, sort.cube, &mut self.sorted, false)
@@ -123,6 +123,7 @@ impl GpuSolver {
             cube: sort.cube,
             columns: &mut self.columns,
             walk_declined: &mut walk_declined,
+            with_order: active.is_some(),
         };
         let planned = match checked {
             Err(why) => Err(GravityError::NotSorted(why)),
@@ -132,7 +133,7 @@ impl GpuSolver {
                 Some(&mut on_device),
                 active,
             ),
-            Ok(()) => self.host.plan_split(&particles.id, &mut on_device),
+            Ok(()) => self.host.plan_split(&particles.id, &mut on_device, active),
         };
         if walk_declined && !self.walk_declined_said {
             self.walk_declined_said = true;
@@ -369,6 +370,9 @@ struct OnDevice<'a> {
     columns: &'a mut CellColumns,
     /// Set when the device's walk gave up on a step (the host walked).
     walk_declined: &'a mut bool,
+    /// Whether the host needs the tree's order with the device's split (to find the cells
+    /// holding the active particles of a block sub-step).
+    with_order: bool,
 }
 
 impl DeviceTree for OnDevice<'_> {
@@ -409,6 +413,11 @@ impl DeviceTree for OnDevice<'_> {
         if split.is_ok() {
             let n = self.state.particles();
             tree.adopt_cells(self.cube, n, self.columns, leaf_size)?;
+            if self.with_order {
+                self.device
+                    .download_order(self.state, &mut tree.order)
+                    .map_err(device_error)?;
+            }
         }
         Ok(split)
     }
