@@ -157,13 +157,10 @@ impl GpuSolver {
         }
     }
 
-    /// Forces for every particle, or for those flagged in `active`, with positions going up
-    /// and forces coming down (the particles stay on the host).
-    fn compute_some(
-        &mut self,
-        particles: &mut Particles,
-        active: Option<&[bool]>,
-    ) -> Result<ForceReport, GravityError> {
+    /// Forces for every particle, with positions going up and forces coming down (the
+    /// particles on the host: a run's first evaluation, before they are loaded onto the
+    /// device).
+    fn compute_on_host(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
         let start = Instant::now();
         let n = particles.len();
         particles.acc.resize(n, [0.0; 3]);
@@ -171,7 +168,7 @@ impl GpuSolver {
         if n == 0 {
             return Ok(no_work());
         }
-        let stats = self.plan(particles, active)?;
+        let stats = self.plan(particles, None)?;
         let plan = self.host.device_plan()?;
         let settings = self.host.settings();
         let caps = self.host.caps().unwrap_or_default();
@@ -179,12 +176,7 @@ impl GpuSolver {
             .device
             .evaluate(&plan, &caps, settings.softening, settings.g)
             .map_err(device_error)?;
-        out.write_to(
-            plan.order_of,
-            active,
-            &mut particles.acc,
-            &mut particles.pot,
-        );
+        out.write_to(plan.order_of, None, &mut particles.acc, &mut particles.pot);
         Ok(Self::report(&plan, stats, out.seconds, start))
     }
 
@@ -261,17 +253,7 @@ impl GravitySolver for GpuSolver {
     }
 
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
-        self.compute_some(particles, None)
-    }
-
-    /// The block scheme's sub-steps: the lists, and so the device's M2L and P2P work, only
-    /// for the cells holding active particles.
-    fn compute_active(
-        &mut self,
-        particles: &mut Particles,
-        active: &[bool],
-    ) -> Result<ForceReport, GravityError> {
-        self.compute_some(particles, Some(active))
+        self.compute_on_host(particles)
     }
 
     fn stat_names(&self) -> Vec<&'static str> {
