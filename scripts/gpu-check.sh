@@ -15,6 +15,8 @@
 # snapshots stay in GPU_CHECK_DIR. LEAF_SWEEP (default "64 256") repeats the resident steps at N2
 # with those leaf sizes, and they run once more with the direct-form M2L kernel, and once with
 # the kit's baseline binary (.gpu-kit/baseline, or BASE_BIN: the last commit timed on a GPU).
+# Two cycles of block steps at N1 with each binary follow (the state on the device now, on
+# the host in the baseline): their wall times and diagnostics.
 # The host still builds the tree and the lists (CPU); the GPU line times the device passes
 # (and gives the P2P kernel's rate in particle pairs per second, target ≥ 1.3e12),
 # the "GPU tree order" lines the device's keys and sort, the "GPU cells" lines its split
@@ -122,6 +124,36 @@ echo "exit status $?"
 f="$DIR/runs/gpu_big_direct/diagnostics.csv"
 [ -f "$f" ] && { head -1 "$f"; tail -2 "$f"; }
 
+# Block steps: since the tenth session the state stays on the device for them too (the
+# host walks only for the active cells of a sub-step); the baseline binary kept it on the
+# host and built the whole tree there at every sub-step. Two cycles of dt_max at N1.
+echo "== N = $N1: block steps, 2 cycles, the particles resident on the GPU (then the baseline binary, its state on the host)"
+cat > "$DIR/block.toml" <<EOF
+name = "gpu_block"
+output_dir = "$DIR/runs"
+[ics]
+file = "$DIR/mw_$N1.hdf5"
+[gravity]
+softening = 0.05
+[integrator]
+t_end = 0.0004
+dt_max = 0.0002
+scheme = "block"
+EOF
+for run in "gpu_block $BIN" "gpu_block_baseline $BASE"; do
+    read -r name b <<< "$run"
+    [ -x "$b" ] || continue
+    sed -e "s/name = \"gpu_block\"/name = \"$name\"/" "$DIR/block.toml" > "$DIR/$name.toml"
+    t0=$(date +%s.%N)
+    timeout 150 "$b" run "$DIR/$name.toml" --backend cuda > "$DIR/$name.log" 2>&1
+    status=$?
+    echo "exit status $status after $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }') s"
+    tail -2 "$DIR/$name.log"
+    grep "warning:" "$DIR/$name.log" | sort | uniq -c | head -5
+    f="$DIR/runs/$name/diagnostics.csv"
+    [ -f "$f" ] && { head -1 "$f"; tail -1 "$f"; }
+done
+
 echo "== ~100-step run, N = $N3: backend cuda (resident state), then cpu (diagnostics: first columns, last row)"
 cat > "$DIR/run.toml" <<EOF
 name = "gpu100"
@@ -167,8 +199,8 @@ awk '$1 == "gpu_big" { for (i = 2; i <= 8; i++) now[i] = $i }
     "$DIR/summary.txt"
 
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    cp "$DIR/summary.txt" "$DIR/big.log" "$DIR/big_direct.log" "$DIR/big_baseline.log" "$DIR/gpu100.log" "$DIR"/big_leaf*.log "$OUT/" 2>/dev/null
-    for r in gpu_big gpu_big_direct gpu_big_baseline gpu100 cpu100 $(for leaf in ${LEAF_SWEEP:-64 256}; do echo "gpu_big_leaf$leaf"; done); do
+    cp "$DIR/summary.txt" "$DIR/big.log" "$DIR/big_direct.log" "$DIR/big_baseline.log" "$DIR/gpu100.log" "$DIR"/big_leaf*.log "$DIR"/gpu_block*.log "$OUT/" 2>/dev/null
+    for r in gpu_big gpu_big_direct gpu_big_baseline gpu_block gpu_block_baseline gpu100 cpu100 $(for leaf in ${LEAF_SWEEP:-64 256}; do echo "gpu_big_leaf$leaf"; done); do
         cp "$DIR/runs/$r/diagnostics.csv" "$OUT/$r.csv" 2>/dev/null
     done
 fi
