@@ -143,6 +143,7 @@ impl DeviceTree for Precomputed {
         _tree: &Tree,
         _mac: Mac,
         _caps: &Caps,
+        _targets: Option<&[bool]>,
     ) -> Result<Option<DeviceLists>, GravityError> {
         Ok(self.lists)
     }

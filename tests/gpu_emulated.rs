@@ -96,6 +96,10 @@ fn forces_on_the_emulated_gpu_are_the_cpus_on_one_and_two_ranks() {
         ("GPU cells", "the host's cells: identical"),
         ("GPU cell moments", "the host's: identical"),
         ("GPU walk", "the host's lists: identical"),
+        (
+            "GPU walk for a sub-step",
+            "the host's lists there: identical",
+        ),
     ] {
         let same = stdout
             .lines()

@@ -643,8 +643,9 @@ impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
         tree: &leapfmm::fmm::tree::Tree,
         mac: leapfmm::fmm::traversal::Mac,
         _caps: &leapfmm::fmm::caps::Caps,
+        targets: Option<&[bool]>,
     ) -> Result<Option<leapfmm::fmm::solver::DeviceLists>, leapfmm::gravity::GravityError> {
-        if !self.walk {
+        if !self.walk || targets.is_some() {
             return Ok(None);
         }
         // The device's own moments: the host's tree holds none once the device walks.

@@ -248,14 +248,16 @@ pub trait DeviceTree {
     fn download_moments(&mut self, out: &mut Vec<[f64; MOMENT_VALUES]>)
     -> Result<(), GravityError>;
 
-    /// Walks `tree` (its moments set) with `mac`, every own cell a target, and keeps the
-    /// lists where the tree is (the ones `traversal::walk` makes, for passes run there);
-    /// `None` when it does not (the host walks). `caps`: the lists' expected sizes.
+    /// Walks `tree` (its moments set) with `mac`, every own cell a target or with
+    /// `targets` those flagged (`Tree::cells_holding`: the others' lists empty), and keeps
+    /// the lists where the tree is (the ones `traversal::walk` makes, for passes run
+    /// there); `None` when it does not (the host walks). `caps`: the lists' expected sizes.
     fn walk(
         &mut self,
         _tree: &Tree,
         _mac: Mac,
         _caps: &Caps,
+        _targets: Option<&[bool]>,
     ) -> Result<Option<DeviceLists>, GravityError> {
         Ok(None)
     }
@@ -750,11 +752,12 @@ impl FmmSolver {
 
         self.device_lists = None;
         let cells = self.tree.own_cells;
-        let own_tree = remote_roots.is_empty() && self.targets.is_empty() && n > 0;
+        let own_tree = remote_roots.is_empty() && n > 0;
         if let (Some(device), true) = (device_tree.as_mut(), own_tree) {
             let t0 = Instant::now();
             let caps = self.tracker.caps();
-            let lists = device.walk(&self.tree, mac, &caps)?;
+            let targets = (!self.targets.is_empty()).then_some(self.targets.as_slice());
+            let lists = device.walk(&self.tree, mac, &caps, targets)?;
             stats.seconds.traversal += t0.elapsed().as_secs_f64();
             if let Some(lists) = lists {
                 self.device_lists = Some(lists);

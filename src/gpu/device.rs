@@ -521,6 +521,9 @@ struct WalkBuffers {
     /// whose long rings did too; how many of each.
     retry: [Reused<u32>; 2],
     retry_count: [Reused<u32>; 2],
+    /// The cells a walk for some targets only walks for (a block sub-step's), level by
+    /// level.
+    targets: Reused<u32>,
     problems: Reused<u32>,
 }
 
@@ -542,6 +545,7 @@ impl WalkBuffers {
             cache_len: Reused::new(stream, 0)?,
             retry: [Reused::new(stream, cells)?, Reused::new(stream, cells)?],
             retry_count: [Reused::new(stream, 1)?, Reused::new(stream, 1)?],
+            targets: Reused::new(stream, 0)?,
             problems: Reused::new(stream, 1)?,
         })
     }
@@ -1596,14 +1600,22 @@ impl GpuFmm {
     /// the last `cell_moments` left there, and kept there for `evaluate_resident`; their
     /// sizes, or `None` when a target's ring of opened sources overflowed or a list came out
     /// of order (the host then walks). `caps` sizes the lists' first buffers. Each level
-    /// runs twice, counting then writing at the counts' prefix sums.
+    /// runs twice, counting then writing at the counts' prefix sums. With `targets` (a flag
+    /// per cell: a block sub-step's cells holding active particles, every target's parent
+    /// among them), the lists of those cells only, the others' empty.
     pub fn walk(
         &mut self,
         tree: &Tree,
         mac: Mac,
         caps: &Caps,
+        targets: Option<&[bool]>,
     ) -> Result<Option<DeviceLists>, GpuError> {
         let (cells, levels) = (tree.cells.len(), tree.depth());
+        if targets.is_some_and(|t| t.len() != cells) {
+            return Err(GpuError::Unsupported(
+                "target flags for another number of cells".into(),
+            ));
+        }
         let stream = self.stream.clone();
         let k = &self.kernels;
         let m = self
@@ -1626,6 +1638,22 @@ impl GpuFmm {
         w.m2l_sources.room(&stream, caps.m2l_pairs)?;
         w.p2p_sources.room(&stream, caps.p2p_pairs)?;
         w.problems.zero(&stream, 1)?;
+        // Each level's targets, when not all: their cells in order (levels are runs of
+        // cells), and where each level's start in that list. The other cells' lists are
+        // empty (their spans and pairs zero: the passes run over every cell).
+        let mut listed_from = Vec::new();
+        if let Some(flags) = targets {
+            let listed: Vec<u32> = (0..cells as u32).filter(|&c| flags[c as usize]).collect();
+            listed_from = tree.level_start[..=levels]
+                .iter()
+                .map(|&start| listed.partition_point(|&c| (c as usize) < start))
+                .collect();
+            w.targets.room(&stream, listed.len())?;
+            w.targets.upload(&stream, &listed)?;
+            for spans in [&mut w.m2l_spans, &mut w.p2p_spans, &mut w.pairs] {
+                spans.zero(&stream, cells)?;
+            }
+        }
         let (theta, support) = (mac.theta, mac.support);
         // A kept entry tags its source's index in 30 bits (walk.cu: WALK_TAG_SHIFT).
         let cache_room = (if cells < 1 << 30 { WALK_CACHE } else { 0 }) as u32;
@@ -1694,14 +1722,15 @@ impl GpuFmm {
                 let [count_0, count_1] = &mut w.retry_count;
                 let stride32 = stride as u32;
                 let (m2l_base, p2p_base) = (m2l_total as u32, p2p_total as u32);
-                // Targets chunk_first.. of the level, or with `listed` of `which`.
+                // Targets chunk_first.. of the level, or with `listed` of `which`, with
+                // rings of `queue` entries.
                 let mut walk_launch = |listed: bool,
+                                       queue: usize,
                                        (chunk_first, chunk_count): (usize, usize),
                                        which: &Reused<u32>,
                                        retry: &mut Reused<u32>,
                                        retry_count: &mut Reused<u32>|
                  -> Result<(), GpuError> {
-                    let queue = if listed { WALK_QUEUE } else { WALK_SHORT_QUEUE };
                     // A ring for each of the launch's targets: as large as the launches
                     // of this tree need, WALK_RING_BYTES at the most.
                     w.ring
@@ -1760,14 +1789,23 @@ impl GpuFmm {
                     unsafe { launch.launch(grid(chunk_count as usize)) }?;
                     Ok(())
                 };
-                for chunk_first in (first..first + count).step_by(WALK_CHUNK) {
-                    let chunk = (chunk_first, WALK_CHUNK.min(first + count - chunk_first));
-                    walk_launch(false, chunk, retry_1, retry_0, count_0)?;
+                let short = WALK_SHORT_QUEUE;
+                if targets.is_some() {
+                    let (lo, hi) = (listed_from[level], listed_from[level + 1]);
+                    for chunk_first in (lo..hi).step_by(WALK_CHUNK) {
+                        let chunk = (chunk_first, WALK_CHUNK.min(hi - chunk_first));
+                        walk_launch(true, short, chunk, &w.targets, retry_0, count_0)?;
+                    }
+                } else {
+                    for chunk_first in (first..first + count).step_by(WALK_CHUNK) {
+                        let chunk = (chunk_first, WALK_CHUNK.min(first + count - chunk_first));
+                        walk_launch(false, short, chunk, retry_1, retry_0, count_0)?;
+                    }
                 }
                 let again = stream.clone_dtoh(&count_0.buf.slice(0..1))?[0] as usize;
                 for chunk_first in (0..again).step_by(WALK_RETRY_CHUNK) {
                     let chunk = (chunk_first, WALK_RETRY_CHUNK.min(again - chunk_first));
-                    walk_launch(true, chunk, retry_0, retry_1, count_1)?;
+                    walk_launch(true, WALK_QUEUE, chunk, retry_0, retry_1, count_1)?;
                 }
                 if again > 0 && stream.clone_dtoh(&count_1.buf.slice(0..1))?[0] > 0 {
                     return Ok(None);

@@ -199,10 +199,10 @@ mod tests {
         let sort = 2 * 12 * 10 + 32 * 10 + 4 * 256 + 8 * 7 * 1024 + 8 * 5 + 4;
         assert_eq!(resident_bytes(10), 8 * 126 + 10 + 8 * 10 + 8 * 10 + sort);
         // Moments: a leaf index per particle, 7 u32 and 10 f64 per cell, 32 level slots;
-        // the walk: 3 u64 and 5 u32 (3 counts, 2 slots of the lists of targets launched
-        // again) per cell, and its kept entries with their number.
+        // the walk: 3 u64 and 6 u32 (3 counts, 2 slots of the lists of targets launched
+        // again, 1 of the targets of a sub-step) per cell, and its kept entries with their number.
         let moments = 4 * 10 + (7 * 4 + 10 * 8) * 3 + 4 * 32;
-        let walk = (3 * 8 + 5 * 4 + 4 * super::super::sort::WALK_CACHE + 4) * 3;
+        let walk = (3 * 8 + 6 * 4 + 4 * super::super::sort::WALK_CACHE + 4) * 3;
         assert_eq!(
             l.bytes_per_particle(),
             (8 * 125 + 4 * 53 + 8 * 6 + 8 * 126 + 10 + 80 + 80 + sort + moments + walk) as f64

@@ -5,8 +5,8 @@
 //! back instead for the host to order it and split), computes the cells' moments and walks
 //! the tree (the moments come back; the lists stay there, unless the device's walk gives up
 //! on a step and the host walks), and runs the passes. For the block scheme's sub-steps
-//! (`ResidentState::compute_active`) the sort's order comes back too and the host walks
-//! for the active particles' cells only. Otherwise (`GravitySolver::compute`, the
+//! (`ResidentState::compute_active`) the sort's order comes back too, for the host to flag
+//! the cells holding the active particles, and the device walks for those only. Otherwise (`GravitySolver::compute`, the
 //! first evaluation before the state is loaded) the host builds the tree and lists
 //! (`FmmSolver::plan`), positions go up and forces come down.
 
@@ -86,8 +86,8 @@ impl GpuSolver {
     /// device to order by id), its moments of the cells and its walk; `None` when the host
     /// rejects that sort or split (then, with a warning, the host sorts from now on: a
     /// fault of the device's tree costs speed, not the run).
-    /// With `active`, the host walks for the cells holding those particles only (the
-    /// device's walk is for all), with the sort's order downloaded to find them.
+    /// With `active`, the lists only for the cells holding those particles (walked on the
+    /// device, or the host when it gives up), the sort's order downloaded to find them.
     fn plan_device_sorted(
         &mut self,
         particles: &mut Particles,
@@ -376,8 +376,12 @@ impl DeviceTree for OnDevice<'_> {
         tree: &Tree,
         mac: Mac,
         caps: &Caps,
+        targets: Option<&[bool]>,
     ) -> Result<Option<DeviceLists>, GravityError> {
-        let lists = self.device.walk(tree, mac, caps).map_err(device_error)?;
+        let lists = self
+            .device
+            .walk(tree, mac, caps, targets)
+            .map_err(device_error)?;
         *self.walk_declined |= lists.is_none();
         Ok(lists)
     }

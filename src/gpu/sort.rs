@@ -120,10 +120,11 @@ const fn max(a: usize, b: usize) -> usize {
 /// Bytes of device memory the walk (`GpuFmm::walk`) keeps per tree of `cells` cells besides
 /// its lists (which replace the evaluation's), the sources handed from level to level and
 /// the rings (`WALK_RING_BYTES`): per cell its P2P pairs, two spans of deferred sources,
-/// three counts and two slots of the lists of targets launched again; and, at most (they
-/// are sized for the largest level), its `WALK_CACHE` kept entries and their number.
+/// three counts, two slots of the lists of targets launched again and one of the list of
+/// targets a block sub-step walks for; and, at most (they are sized for the largest
+/// level), its `WALK_CACHE` kept entries and their number.
 pub fn walk_bytes(cells: usize) -> usize {
-    (8 + 2 * 8 + 3 * 4 + 2 * 4 + 4 * WALK_CACHE + 4) * cells
+    (8 + 2 * 8 + 3 * 4 + 3 * 4 + 4 * WALK_CACHE + 4) * cells
 }
 
 #[cfg(test)]
