@@ -845,12 +845,13 @@ impl<'a> Simulation<'a> {
         Ok(())
     }
 
-    /// Brings the host's accelerations up to date with the device's, where they are there
-    /// (the block scheme's step criterion reads them).
-    fn fetch_accelerations(&mut self) -> Result<(), RunError> {
+    /// Brings the host's accelerations up to date with the device's, where they are there,
+    /// or with `only` those of the flagged particles (the block scheme's step criterion
+    /// reads them).
+    fn fetch_accelerations(&mut self, only: Option<&[bool]>) -> Result<(), RunError> {
         let on_device = self.on_device();
         if let Some(device) = self.solver.resident().filter(|_| on_device) {
-            device.accelerations(&mut self.particles)?;
+            device.accelerations(&mut self.particles, only)?;
         }
         Ok(())
     }
@@ -1080,13 +1081,13 @@ impl<'a> Simulation<'a> {
                     .collect();
                 self.kick_each(&half)?;
                 // The next cycle's rungs come from these accelerations.
-                self.fetch_accelerations()?;
+                self.fetch_accelerations(None)?;
                 self.wall.integrate += start.elapsed().as_secs_f64();
                 break;
             }
             self.compute_forces(Some(&active))?;
             let start = Instant::now();
-            self.fetch_accelerations()?;
+            self.fetch_accelerations(Some(&active))?;
             for i in 0..n {
                 half[i] = if active[i] {
                     0.5 * self.timeline.level_dt(rungs.rung[i])
@@ -1526,8 +1527,16 @@ mod tests {
             Ok(())
         }
 
-        fn accelerations(&mut self, particles: &mut Particles) -> Result<(), GravityError> {
-            particles.acc.clone_from(&self.device.acc);
+        fn accelerations(
+            &mut self,
+            particles: &mut Particles,
+            only: Option<&[bool]>,
+        ) -> Result<(), GravityError> {
+            for (i, a) in self.device.acc.iter().enumerate() {
+                if only.is_none_or(|f| f[i]) {
+                    particles.acc[i] = *a;
+                }
+            }
             Ok(())
         }
 

@@ -244,6 +244,10 @@ pub struct DeviceState {
     /// Each particle's step of the block scheme's last kick (`GpuFmm::kick_each`; made at
     /// the first).
     steps: Option<CudaSlice<f64>>,
+    /// The particles whose accelerations the host asked for (`GpuFmm::accelerations`, a
+    /// block sub-step's active ones) and those accelerations, gathered for the download.
+    pick_rows: Reused<u32>,
+    picked: Reused<f64>,
 }
 
 /// What `GpuFmm::sort_resident` found.
@@ -1009,6 +1013,8 @@ impl GpuFmm {
             component: component_buf,
             id,
             steps: None,
+            pick_rows: Reused::new(stream, 0)?,
+            picked: Reused::new(stream, 0)?,
         })
     }
 
@@ -1855,25 +1861,54 @@ impl GpuFmm {
         Ok(())
     }
 
-    /// Copies the accelerations of `state` into `acc` (the block scheme's step criterion
-    /// reads them).
+    /// Copies the accelerations of `state` into `acc`, or with `only` those of the flagged
+    /// particles (gathered on the device: a block sub-step's active ones, whose step
+    /// criterion reads them; the others in `acc` stay as they were).
     pub fn accelerations(
         &mut self,
-        state: &DeviceState,
+        state: &mut DeviceState,
         acc: &mut [[f64; 3]],
+        only: Option<&[bool]>,
     ) -> Result<(), GpuError> {
         let n = state.n;
-        if acc.len() != n {
+        if acc.len() != n || only.is_some_and(|f| f.len() != n) {
             return Err(GpuError::Unsupported(format!(
                 "accelerations of {n} particles into {}",
                 acc.len()
             )));
         }
-        self.stage.download(
-            &self.stream,
-            &state.acc.slice(0..3 * n),
-            acc[..n].as_flattened_mut(),
-        )
+        let Some(flags) = only else {
+            let all = acc.as_flattened_mut();
+            return self
+                .stage
+                .download(&self.stream, &state.acc.slice(0..3 * n), all);
+        };
+        let rows: Vec<u32> = (0..n as u32).filter(|&i| flags[i as usize]).collect();
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let stream = self.stream.clone();
+        state.pick_rows.room(&stream, rows.len())?;
+        state.pick_rows.upload(&stream, &rows)?;
+        state.picked.room(&stream, 3 * rows.len())?;
+        let (count, width) = (rows.len() as u32, 3u32);
+        let mut launch = stream.launch_builder(&self.kernels.gather_rows);
+        launch
+            .arg(&state.acc)
+            .arg(&state.pick_rows.buf)
+            .arg(&count)
+            .arg(&width)
+            .arg(&mut state.picked.buf);
+        // SAFETY: the arguments match gather_rows's signature; `picked` holds 3 values a
+        // row and every row is a particle of the state.
+        unsafe { launch.launch(grid(3 * rows.len())) }?;
+        let mut values = vec![0.0; 3 * rows.len()];
+        let picked = state.picked.buf.slice(0..3 * rows.len());
+        self.stage.download(&stream, &picked, &mut values)?;
+        for (&i, a) in rows.iter().zip(values.chunks_exact(3)) {
+            acc[i as usize] = [a[0], a[1], a[2]];
+        }
+        Ok(())
     }
 
     /// Copies positions, velocities, accelerations and potentials of `state` into

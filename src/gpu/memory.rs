@@ -62,12 +62,13 @@ pub fn resident_f64_counts(particles: usize) -> [usize; RESIDENT_BUFFERS] {
 }
 
 /// Bytes of device memory the resident state of `particles` particles takes (its f64
-/// buffers, a component byte, an id and a block-scheme step each: the steps are made only
-/// for block steps, so the figure is a bound), with the buffers of its sort into tree order
+/// buffers, a component byte and an id each, and for block steps a step each and at most
+/// an index and an acceleration each, gathered for the host: made only for block steps, so
+/// the figure is a bound), with the buffers of its sort into tree order
 /// (`super::sort::sort_bytes`).
 pub fn resident_bytes(particles: usize) -> usize {
     8 * resident_f64_counts(particles).iter().sum::<usize>()
-        + (1 + 8 + 8) * particles
+        + (1 + 8 + 8 + 4 + 24) * particles
         + super::sort::sort_bytes(particles)
 }
 
@@ -192,12 +193,15 @@ mod tests {
         // f64: 30 + 10 + 30 + 10 + 9 + 18 + 18 = 125; u32: 2 * 10 + 7 * 3 + 4 + 3 + 5 = 53;
         // u64: 3 + 3.
         assert_eq!(l.bytes(), 8 * 125 + 4 * 53 + 8 * 6);
-        // Resident: 30 + 30 + 10 + 30 + 10 + 4 + 12 f64, 10 component bytes, 10 ids and 10
-        // block-scheme steps; the
+        // Resident: 30 + 30 + 10 + 30 + 10 + 4 + 12 f64, 10 component bytes, 10 ids, and 10
+        // block-scheme steps and gathered indices and accelerations; the
         // sort: 2 * (8 + 4) * 10 + 32 * 10 bytes for the particles, 256 counts of one block,
         // 1024 blocks' 7 extremes, the 5 sums of the checks and a count of long runs.
         let sort = 2 * 12 * 10 + 32 * 10 + 4 * 256 + 8 * 7 * 1024 + 8 * 5 + 4;
-        assert_eq!(resident_bytes(10), 8 * 126 + 10 + 8 * 10 + 8 * 10 + sort);
+        assert_eq!(
+            resident_bytes(10),
+            8 * 126 + 10 + 8 * 10 + 8 * 10 + 28 * 10 + sort
+        );
         // Moments: a leaf index per particle, 7 u32 and 10 f64 per cell, 32 level slots;
         // the walk: 3 u64 and 6 u32 (3 counts, 2 slots of the lists of targets launched
         // again, 1 of the targets of a sub-step) per cell, and its kept entries with their number.
@@ -205,7 +209,8 @@ mod tests {
         let walk = (3 * 8 + 6 * 4 + 4 * super::super::sort::WALK_CACHE + 4) * 3;
         assert_eq!(
             l.bytes_per_particle(),
-            (8 * 125 + 4 * 53 + 8 * 6 + 8 * 126 + 10 + 80 + 80 + sort + moments + walk) as f64
+            (8 * 125 + 4 * 53 + 8 * 6 + 8 * 126 + 10 + 80 + 80 + 280 + sort + moments + walk)
+                as f64
                 / 10.0
         );
     }

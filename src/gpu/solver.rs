@@ -314,10 +314,14 @@ impl ResidentState for GpuSolver {
         self.device.kick_each(state, h).map_err(device_error)
     }
 
-    fn accelerations(&mut self, particles: &mut Particles) -> Result<(), GravityError> {
-        let state = self.state.as_ref().ok_or_else(not_loaded)?;
+    fn accelerations(
+        &mut self,
+        particles: &mut Particles,
+        only: Option<&[bool]>,
+    ) -> Result<(), GravityError> {
+        let state = self.state.as_mut().ok_or_else(not_loaded)?;
         self.device
-            .accelerations(state, &mut particles.acc)
+            .accelerations(state, &mut particles.acc, only)
             .map_err(device_error)
     }
 

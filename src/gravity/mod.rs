@@ -182,9 +182,13 @@ pub trait ResidentState {
     /// `v += a h[i]` for each particle i on the device (`leapfrog::kick_by`).
     fn kick_each(&mut self, h: &[f64]) -> Result<(), GravityError>;
 
-    /// The device's accelerations into `particles.acc` (the block scheme's step criterion
-    /// reads them on the host).
-    fn accelerations(&mut self, particles: &mut Particles) -> Result<(), GravityError>;
+    /// The device's accelerations into `particles.acc`, or with `only` those of the flagged
+    /// particles (the block scheme's step criterion reads them on the host).
+    fn accelerations(
+        &mut self,
+        particles: &mut Particles,
+        only: Option<&[bool]>,
+    ) -> Result<(), GravityError>;
 
     /// The largest |a| of each component's particles, as
     /// `integrate::leapfrog::max_acceleration_by_component` gives it on the host.
