@@ -551,7 +551,7 @@ impl FmmSolver {
     /// particles (needed when `sorted` has no positions), takes the cells' moments from it
     /// and lets it walk. The same tree, lists and plan as `plan` on the same particles.
     /// With `active` (the caller's order, as `id`), the lists only for the cells holding
-    /// those particles, walked on the host.
+    /// those particles.
     pub fn plan_sorted(
         &mut self,
         sorted: &mut SortedParticles,
@@ -559,7 +559,6 @@ impl FmmSolver {
         device: Option<&mut dyn DeviceTree>,
         active: Option<&[bool]>,
     ) -> Result<FmmStats, GravityError> {
-        let mut stats = FmmStats::default();
         if sorted.pos.is_empty() && !sorted.keys.is_empty() && device.is_none() {
             return Err(GravityError::NotSorted(NotSorted(
                 "no positions and nothing to compute the moments from",
@@ -567,32 +566,32 @@ impl FmmSolver {
         }
         // A shorter borrow of the device, as long as the one of `sorted`.
         let device = device.map(|d| d as &mut dyn DeviceTree);
-        let input = TreeInput::Sorted { sorted, device };
-        let with = Evaluation {
-            active,
-            ..Evaluation::default()
-        };
-        self.build_lists(input, id, with, false, &mut stats)?;
-        // A partial evaluation's needs say nothing of a full one's (as in `plan_with`).
-        if active.is_none() {
-            self.tracker.settle(&stats.used);
-            self.record_presets(id.len());
-        }
-        Ok(stats)
+        self.plan_from(TreeInput::Sorted { sorted, device }, id, active)
     }
 
     /// As `plan_sorted`, for particles that `device` sorted and splits into cells itself:
     /// only the cells come here (`DeviceTree::split_cells`).
-    /// With `active`, the lists only for the cells holding those particles, walked on the
-    /// host (the device's split must then leave the tree's order, `Tree::order`, set).
+    /// With `active`, the lists only for the cells holding those particles (the device's
+    /// split must then leave the tree's order, `Tree::order`, set).
     pub fn plan_split(
         &mut self,
         id: &[u64],
         device: &mut dyn DeviceTree,
         active: Option<&[bool]>,
     ) -> Result<FmmStats, GravityError> {
+        self.plan_from(TreeInput::Split { device }, id, active)
+    }
+
+    /// The tree and lists from `input` (sorted elsewhere), for the cells holding `active`
+    /// particles when given; the caps and presets learn only from full evaluations (a
+    /// partial one's needs say nothing of a full one's, as in `plan_with`).
+    fn plan_from(
+        &mut self,
+        input: TreeInput,
+        id: &[u64],
+        active: Option<&[bool]>,
+    ) -> Result<FmmStats, GravityError> {
         let mut stats = FmmStats::default();
-        let input = TreeInput::Split { device };
         let with = Evaluation {
             active,
             ..Evaluation::default()
