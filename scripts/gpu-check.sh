@@ -12,7 +12,7 @@
 #       N1=20000 N2=50000 N3=5000 scripts/gpu-check.sh
 # Under the `device` tool, $OUT comes back to the caller: the whole output, the runs' logs and
 # their diagnostics.csv are copied there (check.log, big.log, gpu100.log, RUN.csv), the
-# snapshots stay in GPU_CHECK_DIR. LEAF_SWEEP (default "64 256") repeats the resident steps at N2
+# snapshots stay in GPU_CHECK_DIR. LEAF_SWEEP (default "64 256"; "" for none) repeats the resident steps at N2
 # with those leaf sizes, and they run once more with the direct-form M2L kernel, and once with
 # the kit's baseline binary (.gpu-kit/baseline, or BASE_BIN: the last commit timed on a GPU).
 # Two cycles of block steps at N1 with each binary follow (the state on the device now, on
@@ -102,7 +102,7 @@ fi
 
 # The leaf size trades M2L pairs against P2P pairs; the default (128) is the CPU's choice, and
 # the GPU's best may lie either side of it (the rotated M2L made M2L pairs cheaper there).
-for leaf in ${LEAF_SWEEP:-64 256}; do
+for leaf in ${LEAF_SWEEP-64 256}; do
     echo "== N = $N2: the same 3 steps with leaf_size = $leaf"
     sed -e "s/name = \"gpu_big\"/name = \"gpu_big_leaf$leaf\"/" \
         -e "s/^softening = 0.05$/softening = 0.05\nleaf_size = $leaf/" "$DIR/big.toml" \
@@ -179,7 +179,7 @@ for r in gpu100 cpu100; do
 done
 echo "== summary: the last step of each resident N = $N2 run (seconds; particles per second of the force evaluation)"
 echo "run wall_force tree upward walk m2l downward p2p particles/s"
-for r in gpu_big gpu_big_direct gpu_big_baseline $(for leaf in ${LEAF_SWEEP:-64 256}; do echo "gpu_big_leaf$leaf"; done); do
+for r in gpu_big gpu_big_direct gpu_big_baseline $(for leaf in ${LEAF_SWEEP-64 256}; do echo "gpu_big_leaf$leaf"; done); do
     f="$DIR/runs/$r/diagnostics.csv"
     [ -f "$f" ] && awk -F, -v run="$r" -v n="$N2" '
         NR == 1 { for (i = 1; i <= NF; i++) col[$i] = i; next }
@@ -200,7 +200,7 @@ awk '$1 == "gpu_big" { for (i = 2; i <= 8; i++) now[i] = $i }
 
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
     cp "$DIR/summary.txt" "$DIR/big.log" "$DIR/big_direct.log" "$DIR/big_baseline.log" "$DIR/gpu100.log" "$DIR"/big_leaf*.log "$DIR"/gpu_block*.log "$OUT/" 2>/dev/null
-    for r in gpu_big gpu_big_direct gpu_big_baseline gpu_block gpu_block_baseline gpu100 cpu100 $(for leaf in ${LEAF_SWEEP:-64 256}; do echo "gpu_big_leaf$leaf"; done); do
+    for r in gpu_big gpu_big_direct gpu_big_baseline gpu_block gpu_block_baseline gpu100 cpu100 $(for leaf in ${LEAF_SWEEP-64 256}; do echo "gpu_big_leaf$leaf"; done); do
         cp "$DIR/runs/$r/diagnostics.csv" "$OUT/$r.csv" 2>/dev/null
     done
 fi
