@@ -571,7 +571,7 @@ fn device_tree_order(
         let secs = start.elapsed().as_secs_f64();
         let walked = gpu.walked_lists(tree.cells.len(), lists)?;
         // Cell c's list (None for a span beyond the list: a fault, counted as a difference).
-        let of = |spans: &[u64], list: &'_ [u32], c: usize| -> Option<Vec<u32>> {
+        let of = |spans: &[u64], list: &[u32], c: usize| -> Option<Vec<u32>> {
             let (start, len) = leapfmm::fmm::traversal::unpack(spans[c]);
             list.get(start as usize..(start + len) as usize)
                 .map(<[u32]>::to_vec)

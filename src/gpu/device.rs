@@ -241,9 +241,9 @@ pub struct DeviceState {
     component: CudaSlice<u8>,
     /// The particles' ids, which order runs of equal keys.
     id: CudaSlice<u64>,
-    /// Each particle's step of the block scheme's last kick (`GpuFmm::kick_each`; made at
+    /// Each particle's step of the block scheme's last kick (`GpuFmm::kick_each`; grown at
     /// the first).
-    steps: Option<CudaSlice<f64>>,
+    steps: Reused<f64>,
     /// The particles whose accelerations the host asked for (`GpuFmm::accelerations`, a
     /// block sub-step's active ones) and those accelerations, gathered for the download.
     pick_rows: Reused<u32>,
@@ -1012,7 +1012,7 @@ impl GpuFmm {
             partial: stream.alloc_zeros::<f64>(partial)?,
             component: component_buf,
             id,
-            steps: None,
+            steps: Reused::new(stream, 0)?,
             pick_rows: Reused::new(stream, 0)?,
             picked: Reused::new(stream, 0)?,
         })
@@ -1037,17 +1037,14 @@ impl GpuFmm {
         if n == 0 {
             return Ok(());
         }
-        let steps = match &mut state.steps {
-            Some(steps) => steps,
-            none => none.insert(self.stream.alloc_zeros::<f64>(n)?),
-        };
-        self.stream.memcpy_htod(h, steps)?;
+        state.steps.room(&self.stream, n)?;
+        state.steps.upload(&self.stream, h)?;
         let n32 = n as u32;
         let mut launch = self.stream.launch_builder(&self.kernels.kick_each);
         launch
             .arg(&mut state.vel)
             .arg(&state.acc)
-            .arg(steps)
+            .arg(&state.steps.buf)
             .arg(&n32);
         // SAFETY: the arguments match kick_each's signature; vel and acc hold 3 n values,
         // steps n.
@@ -1296,14 +1293,7 @@ impl GpuFmm {
     ) -> Result<(), GpuError> {
         let n = state.n;
         let stream = &self.stream;
-        let s = self.sorting.as_ref().ok_or_else(|| {
-            GpuError::Unsupported("a download of the sort before the sort".into())
-        })?;
-        if s.keys[0].buf.len() < n {
-            return Err(GpuError::Unsupported(
-                "a download of a sort of fewer particles".into(),
-            ));
-        }
+        let s = self.sorted(n)?;
         out.keys.resize(n, 0);
         out.order.resize(n, 0);
         stream.memcpy_dtoh(&s.keys[0].buf.slice(0..n), &mut out.keys[..])?;
@@ -1322,23 +1312,25 @@ impl GpuFmm {
         Ok(())
     }
 
-    /// The order of `state`'s last `sort_resident` (the particle of each place in tree order)
-    /// downloaded into `out`: what the host needs to find the cells holding given particles
-    /// (`Tree::cells_holding`) in a tree the device split.
-    pub fn download_order(
-        &mut self,
-        state: &DeviceState,
-        out: &mut Vec<u32>,
-    ) -> Result<(), GpuError> {
-        let n = state.n;
+    /// The buffers of the last `sort_resident`, of (at least) `n` particles, for a download.
+    fn sorted(&self, n: usize) -> Result<&SortBuffers, GpuError> {
         let s = self.sorting.as_ref().ok_or_else(|| {
-            GpuError::Unsupported("a download of the sort's order before the sort".into())
+            GpuError::Unsupported("a download of the sort before the sort".into())
         })?;
-        if s.index[0].buf.len() < n {
+        if s.keys[0].buf.len() < n || s.index[0].buf.len() < n {
             return Err(GpuError::Unsupported(
                 "a download of a sort of fewer particles".into(),
             ));
         }
+        Ok(s)
+    }
+
+    /// The order of `state`'s last `sort_resident` (the particle of each place in tree order)
+    /// downloaded into `out`: what the host needs to find the cells holding given particles
+    /// (`Tree::cells_holding`) in a tree the device split.
+    pub fn download_order(&self, state: &DeviceState, out: &mut Vec<u32>) -> Result<(), GpuError> {
+        let n = state.n;
+        let s = self.sorted(n)?;
         out.resize(n, 0);
         self.stream
             .memcpy_dtoh(&s.index[0].buf.slice(0..n), &mut out[..])?;
