@@ -109,7 +109,7 @@ fn device_plans(p: &Particles, settings: &FmmSettings, walk: bool, split: bool) 
         sorted.mass.clear();
         let start = Instant::now();
         let stats = if split {
-            solver.plan_split(&p.id, &mut device, None)
+            solver.plan_split(&p.id, &mut device, false)
         } else {
             solver.plan_sorted(&mut sorted, &p.id, Some(&mut device), None)
         };

@@ -16,14 +16,17 @@ extern "C" __global__ void kick(double* __restrict__ vel, const double* __restri
     }
 }
 
-// The block scheme's kick: v += a h[i], each particle its own step (h[i] = 0 leaves it
-// alone, as the host's `kick_by` does).
+// The block scheme's kick: v += a h[k] for the k-th of `count` particles, each its own
+// step: the particle of row rows[k] when `listed` (a sub-step's active ones), else the
+// k-th (everybody). As the host's `leapfrog::kick_each`.
 extern "C" __global__ void kick_each(double* __restrict__ vel, const double* __restrict__ acc,
-                                     const double* __restrict__ h, unsigned n) {
-    const unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i < n && h[i] != 0.0) {
-        for (int k = 0; k < 3; ++k) {
-            vel[3 * i + k] = __dadd_rn(vel[3 * i + k], __dmul_rn(acc[3 * i + k], h[i]));
+                                     const unsigned* __restrict__ rows, unsigned listed,
+                                     const double* __restrict__ h, unsigned count) {
+    const unsigned k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < count) {
+        const unsigned i = listed ? rows[k] : k;
+        for (int c = 0; c < 3; ++c) {
+            vel[3 * i + c] = __dadd_rn(vel[3 * i + c], __dmul_rn(acc[3 * i + c], h[k]));
         }
     }
 }

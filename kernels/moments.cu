@@ -49,6 +49,41 @@ extern "C" __global__ void leaf_of_particles(const unsigned* __restrict__ leaves
     }
 }
 
+// marked[rows[k]] = 1 for the `count` rows listed (a block sub-step's active particles, in
+// the state's order; marked zeroed before). One thread per row.
+extern "C" __global__ void mark_rows(const unsigned* __restrict__ rows, unsigned count,
+                                     unsigned char* __restrict__ marked) {
+    const unsigned k = blockIdx.x * blockDim.x + threadIdx.x;
+    if (k < count) marked[rows[k]] = 1;
+}
+
+// flags[c] = 1 for every cell holding a marked particle (tree.rs: cells_holding; flags
+// zeroed before): one thread per leaf looks at its particles (`order`: the state's row of
+// each particle in tree order), and a leaf holding one flags itself and its ancestors up to
+// the root (its own parent), stopping at a cell flagged already: whoever flagged that goes
+// on up. Every write stores 1, so the flags do not depend on the order of the threads.
+extern "C" __global__ void flag_cells_holding(const unsigned* __restrict__ leaves,
+                                              unsigned n_leaves,
+                                              const unsigned* __restrict__ begin,
+                                              const unsigned* __restrict__ end,
+                                              const unsigned* __restrict__ parent,
+                                              const unsigned* __restrict__ order,
+                                              const unsigned char* __restrict__ marked,
+                                              unsigned char* __restrict__ flags) {
+    const unsigned l = blockIdx.x * blockDim.x + threadIdx.x;
+    if (l >= n_leaves) return;
+    unsigned cell = leaves[l];
+    bool holds = false;
+    for (unsigned i = begin[cell]; i < end[cell] && !holds; ++i) holds = marked[order[i]] != 0;
+    if (!holds) return;
+    while (flags[cell] == 0) {
+        flags[cell] = 1;
+        const unsigned up = parent[cell];
+        if (up == cell) return;
+        cell = up;
+    }
+}
+
 // Mass and centre of the `count` cells from `first` (one level; deeper levels done before),
 // one thread per cell: a leaf sums its particles, a cell with children its children. A
 // leaf's squared radius too (r2, as bits); a cell with children gets 0 there, for

@@ -21,7 +21,9 @@ use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::presets::PresetsStore;
 use crate::fmm::{FmmSettings, FmmSolver};
 use crate::gpu::backend::{Chosen, DeviceInfo, choose, probe};
-use crate::gravity::{DirectSummation, GravityError, GravitySolver, Softening, SolverStat};
+use crate::gravity::{
+    DirectSummation, GravityError, GravitySolver, Softening, SolverStat, active_flags,
+};
 use crate::ics;
 use crate::ics::Share;
 use crate::ics::sampling::{block_moments, centre_on};
@@ -29,7 +31,7 @@ use crate::integrate::block::{Rungs, rung_for};
 use crate::integrate::diagnostics::{
     CONSERVED_SUMS, Conserved, DiagnosticsLog, PhaseTimes, RankLog, Row,
 };
-use crate::integrate::leapfrog::{drift, kick, kick_by, max_acceleration_by_component};
+use crate::integrate::leapfrog::{drift, kick, kick_each, max_acceleration_by_component};
 use crate::integrate::timestep::{TICKS_PER_DT_MAX, Timeline, TimestepError, criterion_dt};
 use crate::io::checkpoint::{self, CheckpointError};
 use crate::io::snapshot::{
@@ -832,23 +834,24 @@ impl<'a> Simulation<'a> {
         Ok(())
     }
 
-    /// The block scheme's kicks, `v += a h[i]` for each particle i, where the state is.
-    fn kick_each(&mut self, h: &[f64]) -> Result<(), RunError> {
+    /// The block scheme's kicks, `v += a h[k]` for the k-th particle of `rows` (of all
+    /// without them), where the state is.
+    fn kick_each(&mut self, rows: Option<&[u32]>, h: &[f64]) -> Result<(), RunError> {
         let on_device = self.on_device();
         match self.solver.resident().filter(|_| on_device) {
             Some(device) => {
-                device.kick_each(h)?;
+                device.kick_each(rows, h)?;
                 self.residence = Residence::Device { host_behind: true };
             }
-            None => kick_by(&mut self.particles, h),
+            None => kick_each(&mut self.particles, rows, h),
         }
         Ok(())
     }
 
     /// Brings the host's accelerations up to date with the device's, where they are there,
-    /// or with `only` those of the flagged particles (the block scheme's step criterion
+    /// or with `only` those of the listed particles (the block scheme's step criterion
     /// reads them).
-    fn fetch_accelerations(&mut self, only: Option<&[bool]>) -> Result<(), RunError> {
+    fn fetch_accelerations(&mut self, only: Option<&[u32]>) -> Result<(), RunError> {
         let on_device = self.on_device();
         if let Some(device) = self.solver.resident().filter(|_| on_device) {
             device.accelerations(&mut self.particles, only)?;
@@ -865,8 +868,8 @@ impl<'a> Simulation<'a> {
         })
     }
 
-    /// Forces on every particle, or with `active` on those flagged.
-    fn compute_forces(&mut self, active: Option<&[bool]>) -> Result<(), RunError> {
+    /// Forces on every particle, or with `active` on those listed.
+    fn compute_forces(&mut self, active: Option<&[u32]>) -> Result<(), RunError> {
         let start = Instant::now();
         let on_device = self.on_device();
         let report = match (active, self.solver.resident().filter(|_| on_device)) {
@@ -881,7 +884,11 @@ impl<'a> Simulation<'a> {
                 report
             }
             (None, None) => self.solver.compute(&mut self.particles)?,
-            (Some(active), None) => self.solver.compute_active(&mut self.particles, active)?,
+            (Some(active), None) => {
+                // The host's solvers build the whole tree anyway: flags cost no more.
+                let flags = active_flags(active, self.particles.len());
+                self.solver.compute_active(&mut self.particles, &flags)?
+            }
         };
         self.interactions += report.pair_interactions;
         if self.solver_stats.len() != report.stats.len() {
@@ -1003,27 +1010,29 @@ impl<'a> Simulation<'a> {
     }
 
     /// The step each particle's own acceleration asks for, `eta sqrt(eps / |a|)` with its
-    /// softening length.
-    fn wanted_steps(&self) -> Vec<f64> {
+    /// softening length: of the particles of `rows`, or of all without them.
+    fn wanted_steps(&self, rows: Option<&[u32]>) -> Vec<f64> {
         let eta = self.spec.config.integrator.eta;
         let eps = self.spec.config.gravity.softening;
         let table = component_softening(self.spec);
         let p = &self.particles;
-        p.acc
-            .par_iter()
-            .zip(p.component.par_iter())
-            .map(|(a, c)| {
-                let e = table.map_or(eps, |t| t[c.index()]);
-                criterion_dt(eta, e, (a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt())
-            })
-            .collect()
+        let wanted = |i: usize| {
+            let (a, c) = (p.acc[i], p.component[i]);
+            let e = table.map_or(eps, |t| t[c.index()]);
+            criterion_dt(eta, e, (a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt())
+        };
+        match rows {
+            None => (0..p.len()).into_par_iter().map(wanted).collect(),
+            Some(rows) => rows.iter().map(|&i| wanted(i as usize)).collect(),
+        }
     }
 
     /// One cycle of the block scheme (`integrate::block`), from the synchronisation point
     /// the run is at to the next: rungs from every particle's acceleration, the opening
     /// half kicks, then at each tick where steps end a drift of everybody, forces for the
     /// particles whose step ends, their closing half kick, and (unless everybody is
-    /// synchronised) a new rung and opening half kick.
+    /// synchronised) a new rung and opening half kick. A sub-step's bookkeeping here and
+    /// its traffic with a device go with its active particles only (a list of their rows).
     fn block_cycle(&mut self) -> Result<(), RunError> {
         let integ = &self.spec.config.integrator;
         let deepest = integ.max_rungs as u32;
@@ -1032,19 +1041,17 @@ impl<'a> Simulation<'a> {
         let ti0 = self.state.ti;
         let n = self.particles.len();
         let rung = self
-            .wanted_steps()
+            .wanted_steps(None)
             .into_iter()
             .map(|w| rung_for(&self.timeline, ti0, w, deepest))
             .collect::<Result<Vec<u32>, _>>()?;
         let mut rungs = Rungs::start(ti0, rung);
         let histogram = allreduce_sum(self.comm, &rungs.histogram(deepest))?;
         let mut finest = rungs.rung.iter().copied().max().unwrap_or(0);
-        let mut half: Vec<f64> = rungs
-            .rung
-            .iter()
-            .map(|&r| 0.5 * self.timeline.level_dt(r))
-            .collect();
-        self.kick_each(&half)?;
+        let timeline = self.timeline;
+        let half_step = move |r: u32| 0.5 * timeline.level_dt(r);
+        let half: Vec<f64> = rungs.rung.iter().map(|&r| half_step(r)).collect();
+        self.kick_each(None, &half)?;
         let mut ti = ti0;
         self.wall.integrate += start.elapsed().as_secs_f64();
         loop {
@@ -1062,8 +1069,8 @@ impl<'a> Simulation<'a> {
             }
             self.apply(Operator::Drift, self.timeline.span(ti, next))?;
             ti = next;
-            let active = rungs.ending_at(ti);
-            let count = active.iter().filter(|&&a| a).count() as u64;
+            rungs.advance(ti);
+            let count = rungs.count_ending() as u64;
             let counts = allreduce_sum(self.comm, &[count, n as u64])?;
             let everyone = counts[0] == counts[1];
             self.block.evaluations += counts[0];
@@ -1075,38 +1082,31 @@ impl<'a> Simulation<'a> {
                 self.compute_forces(None)?;
                 let start = Instant::now();
                 let rung = std::mem::take(&mut self.particles.rung);
-                let half: Vec<f64> = rung
-                    .iter()
-                    .map(|&r| 0.5 * self.timeline.level_dt(u32::from(r)))
-                    .collect();
-                self.kick_each(&half)?;
+                let half: Vec<f64> = rung.iter().map(|&r| half_step(u32::from(r))).collect();
+                self.kick_each(None, &half)?;
                 // The next cycle's rungs come from these accelerations.
                 self.fetch_accelerations(None)?;
                 self.wall.integrate += start.elapsed().as_secs_f64();
                 break;
             }
+            let active = rungs.ending_rows();
             self.compute_forces(Some(&active))?;
             let start = Instant::now();
             self.fetch_accelerations(Some(&active))?;
-            for i in 0..n {
-                half[i] = if active[i] {
-                    0.5 * self.timeline.level_dt(rungs.rung[i])
-                } else {
-                    0.0
-                };
+            let closing: Vec<f64> = active
+                .iter()
+                .map(|&i| half_step(rungs.rung[i as usize]))
+                .collect();
+            self.kick_each(Some(&active), &closing)?;
+            let wanted = self.wanted_steps(Some(&active));
+            let mut opening = Vec::with_capacity(active.len());
+            for (&i, &w) in active.iter().zip(&wanted) {
+                let r = rung_for(&self.timeline, ti, w, deepest)?;
+                rungs.restart(i, r);
+                finest = finest.max(r);
+                opening.push(half_step(r));
             }
-            self.kick_each(&half)?;
-            let wanted = self.wanted_steps();
-            for i in 0..n {
-                half[i] = 0.0;
-                if active[i] {
-                    let r = rung_for(&self.timeline, ti, wanted[i], deepest)?;
-                    rungs.restart(i, ti, r);
-                    finest = finest.max(r);
-                    half[i] = 0.5 * self.timeline.level_dt(r);
-                }
-            }
-            self.kick_each(&half)?;
+            self.kick_each(Some(&active), &opening)?;
             self.wall.integrate += start.elapsed().as_secs_f64();
         }
         let finest = allreduce_max(self.comm, &[f64::from(finest)])?[0] as u32;
@@ -1507,13 +1507,14 @@ mod tests {
         fn compute_active(
             &mut self,
             particles: &mut Particles,
-            active: &[bool],
+            active: &[u32],
         ) -> Result<ForceReport, GravityError> {
-            let report = self.inner.compute_active(&mut self.device, active)?;
+            let flags = active_flags(active, self.device.len());
+            let report = self.inner.compute_active(&mut self.device, &flags)?;
             particles.pos.clone_from(&self.device.pos);
             // The others' accelerations are undefined on a device: a run that read them
             // before their next evaluation would differ from the host's.
-            for (a, &on) in self.device.acc.iter_mut().zip(active) {
+            for (a, &on) in self.device.acc.iter_mut().zip(&flags) {
                 if !on {
                     *a = [f64::NAN; 3];
                 }
@@ -1521,20 +1522,23 @@ mod tests {
             Ok(report)
         }
 
-        fn kick_each(&mut self, h: &[f64]) -> Result<(), GravityError> {
+        fn kick_each(&mut self, rows: Option<&[u32]>, h: &[f64]) -> Result<(), GravityError> {
             self.kicks.fetch_add(1, Ordering::SeqCst);
-            kick_by(&mut self.device, h);
+            kick_each(&mut self.device, rows, h);
             Ok(())
         }
 
         fn accelerations(
             &mut self,
             particles: &mut Particles,
-            only: Option<&[bool]>,
+            only: Option<&[u32]>,
         ) -> Result<(), GravityError> {
-            for (i, a) in self.device.acc.iter().enumerate() {
-                if only.is_none_or(|f| f[i]) {
-                    particles.acc[i] = *a;
+            match only {
+                None => particles.acc.clone_from(&self.device.acc),
+                Some(rows) => {
+                    for &i in rows {
+                        particles.acc[i as usize] = self.device.acc[i as usize];
+                    }
                 }
             }
             Ok(())

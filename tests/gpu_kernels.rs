@@ -236,44 +236,111 @@ fn kick_drift_and_kick_each_kernels_match_the_integrator_exactly() {
     let mut rng = rand_pcg::Pcg64::seed_from_u64(5);
     let mut v3 = || -> Vec<f64> { (0..3 * n).map(|_| rng.random_range(-1.0..1.0)).collect() };
     let (pos, vel, acc) = (v3(), v3(), v3());
-    // The block scheme's own steps: a third of the particles left alone (h = 0).
-    let h: Vec<f64> = (0..n)
-        .map(|i| {
-            if i % 3 == 0 {
-                0.0
-            } else {
-                rng.random_range(0.0..0.01)
-            }
-        })
-        .collect();
+    // The block scheme's own steps: everybody's, then those of a sub-step's active
+    // particles, listed out of order (as `Rungs::ending_rows` lists them).
+    let h: Vec<f64> = (0..n).map(|_| rng.random_range(0.0..0.01)).collect();
+    let mut rows: Vec<u32> = (0..n as u32).filter(|i| i % 3 != 0).collect();
+    for i in (1..rows.len()).rev() {
+        rows.swap(i, rng.random_range(0..=i));
+    }
+    let steps: Vec<f64> = rows.iter().map(|_| rng.random_range(0.0..0.01)).collect();
     let dt = 0.0078125f64;
     let mut b = Vec::new();
     b.extend((n as u32).to_le_bytes());
     b.extend(96u32.to_le_bytes());
     b.extend(dt.to_le_bytes());
     for v in [&pos, &vel, &acc, &h] {
-        v.iter().for_each(|x| b.extend(x.to_le_bytes()));
+        f64_bytes(&mut b, v.iter().copied());
     }
+    u32_bytes(&mut b, &[rows.len() as u32]);
+    u32_bytes(&mut b, &rows);
+    f64_bytes(&mut b, steps.iter().copied());
     let out = f64s(&run_harness("integrate", &b));
     let (v_out, rest) = out.split_at(3 * n);
-    let (x_out, v_each) = rest.split_at(3 * n);
+    let (x_out, rest) = rest.split_at(3 * n);
+    let (v_all, v_rows) = rest.split_at(3 * n);
     for k in 0..3 * n {
         let v = vel[k] + acc[k] * dt;
         assert_eq!(v_out[k].to_bits(), v.to_bits());
         assert_eq!(x_out[k].to_bits(), (pos[k] + v * dt).to_bits());
     }
-    // kick_each against the host's kick_by, from the kicked velocities.
+    // kick_each against the host's, from the kicked velocities.
     let mut p = leapfmm::particles::Particles {
         vel: v_out.chunks_exact(3).map(|v| [v[0], v[1], v[2]]).collect(),
         acc: acc.chunks_exact(3).map(|a| [a[0], a[1], a[2]]).collect(),
         ..Default::default()
     };
-    leapfmm::integrate::leapfrog::kick_by(&mut p, &h);
-    let host: Vec<f64> = p.vel.iter().flatten().copied().collect();
-    assert_eq!(
-        v_each.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-        host.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+    let bits = |p: &leapfmm::particles::Particles| -> Vec<u64> {
+        p.vel.iter().flatten().map(|x| x.to_bits()).collect()
+    };
+    let device_bits = |v: &[f64]| -> Vec<u64> { v.iter().map(|x| x.to_bits()).collect() };
+    leapfmm::integrate::leapfrog::kick_each(&mut p, None, &h);
+    assert_eq!(device_bits(v_all), bits(&p));
+    leapfmm::integrate::leapfrog::kick_each(&mut p, Some(&rows), &steps);
+    assert_eq!(device_bits(v_rows), bits(&p));
+    // Every third particle was not listed: the listed kick left it alone.
+    assert!(
+        (0..n)
+            .step_by(3)
+            .all(|i| v_rows[3 * i..3 * i + 3] == v_all[3 * i..3 * i + 3])
     );
+}
+
+#[test]
+fn device_flags_the_cells_holding_active_particles_as_the_host_does() {
+    // A clustered cloud (deep and shallow leaves, empty octants), leaves of at most 8 and
+    // 64 particles in blocks of 32 and 128 threads, active sets from none to all:
+    // the flags of mark_rows and flag_cells_holding are `Tree::cells_holding`'s.
+    use leapfmm::fmm::tree::Tree;
+    let n = 5000usize;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(23);
+    let pos = clump(&mut rng, n, 5, 10.0, 0.1);
+    let mass = vec![1.0; n];
+    let id: Vec<u64> = (0..n as u64).collect();
+    for (leaf_size, block) in [(8usize, 32u32), (64, 128)] {
+        let mut tree = Tree::default();
+        tree.build(&pos, &mass, &id, None, leaf_size, usize::MAX)
+            .unwrap();
+        for fraction in [0.0, 0.001, 0.05, 0.5, 1.0] {
+            let rows: Vec<u32> = (0..n as u32)
+                .filter(|_| rng.random_range(0.0..1.0) < fraction)
+                .collect();
+            let cells = tree.cells.len();
+            let mut b = Vec::new();
+            u32_bytes(
+                &mut b,
+                &[
+                    n as u32,
+                    cells as u32,
+                    tree.leaves.len() as u32,
+                    block,
+                    rows.len() as u32,
+                ],
+            );
+            let column = |f: fn(&leapfmm::fmm::tree::Cell) -> u32| -> Vec<u32> {
+                tree.cells.iter().map(f).collect()
+            };
+            u32_bytes(&mut b, &column(|c| c.begin));
+            u32_bytes(&mut b, &column(|c| c.end));
+            u32_bytes(&mut b, &column(|c| c.parent));
+            u32_bytes(&mut b, &tree.leaves);
+            u32_bytes(&mut b, &tree.order);
+            u32_bytes(&mut b, &rows);
+            let device: Vec<bool> = run_harness("flags", &b).iter().map(|&f| f != 0).collect();
+            let host = tree.cells_holding(&leapfmm::gravity::active_flags(&rows, n));
+            assert_eq!(device, host, "leaves of {leaf_size}, {} active", rows.len());
+            let flagged = host.iter().filter(|&&f| f).count();
+            if rows.is_empty() {
+                assert_eq!(flagged, 0);
+            } else if fraction < 0.01 {
+                assert!(
+                    flagged < cells / 2,
+                    "{flagged} of {cells} cells for {} particles",
+                    rows.len()
+                );
+            }
+        }
+    }
 }
 
 #[test]
@@ -2101,7 +2168,7 @@ fn a_plan_from_the_devices_split_is_the_hosts_plan() {
         moments: Vec::new(),
         downloads: 0,
     };
-    let stats = a.plan_split(&id, &mut device, None).unwrap();
+    let stats = a.plan_split(&id, &mut device, false).unwrap();
     assert!(stats.retries >= 2, "{} retries", stats.retries);
     assert_eq!(device.reordered, [false]);
     b.plan_with(&pos, &mass, &id, Default::default()).unwrap();
@@ -2127,7 +2194,7 @@ fn a_plan_from_the_devices_split_is_the_hosts_plan() {
     // A sort that is not one is refused as such (the GPU solver then sorts on the host).
     device.sorter_order[5] = device.sorter_order[6];
     assert!(matches!(
-        a.plan_split(&id, &mut device, None),
+        a.plan_split(&id, &mut device, false),
         Err(leapfmm::gravity::GravityError::NotSorted(_))
     ));
 }

@@ -37,6 +37,7 @@ fn kernels_compile_with_nvrtc_and_the_ptx_cache_is_reused() {
     for entry in [
         "p2p_leaves",
         "kick",
+        "kick_each",
         "drift",
         "gather_tree_order",
         "gather_rows",
@@ -55,6 +56,8 @@ fn kernels_compile_with_nvrtc_and_the_ptx_cache_is_reused() {
         "m2m_cells",
         "l2l_cells",
         "leaf_of_particles",
+        "mark_rows",
+        "flag_cells_holding",
         "level_moments",
         "ancestor_r2",
         "finish_moments",

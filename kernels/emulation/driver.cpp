@@ -141,6 +141,7 @@ const Kernel KERNELS[] = {
     KERNEL(radix_count),       KERNEL(radix_offsets),   KERNEL(radix_scatter),
     KERNEL(leaf_of_particles), KERNEL(level_moments),   KERNEL(ancestor_r2),
     KERNEL(finish_moments),    KERNEL(walk_level),      KERNEL(sort_scan),
+    KERNEL(mark_rows),         KERNEL(flag_cells_holding),
     KERNEL(order_equal_runs),  KERNEL(split_count),     KERNEL(split_write),
 };
 #undef KERNEL

@@ -1,8 +1,10 @@
 // Runs leapfmm's kernels under the CPU emulation (cuda_shim.h) on inputs written by
 // tests/gpu_kernels.rs, and writes their outputs back:
 //   harness p2p IN OUT        IN: counts, parameters and arrays of a P2P launch; OUT: acc, pot
-//   harness integrate IN OUT  IN: n, dt, block, pos, vel, acc, h; OUT: vel after kick, pos after
-//                             drift, then vel after kick_each by h (from the kicked vel)
+//   harness integrate IN OUT  IN: n, block, dt, pos, vel, acc, h (n), count, rows (count),
+//                             steps (count); OUT: vel after kick, pos after drift, vel after
+//                             kick_each of everybody by h (from the kicked vel), then after
+//                             kick_each of the rows listed by their steps
 //   harness state IN OUT      IN: n, block, order_of, pos, mass, acc (tree order), pot (tree order),
 //                             component bytes; OUT: gathered pos and mass, scattered acc and pot,
 //                             per-block maxima of |a|^2 by component (of the scattered acc)
@@ -32,6 +34,10 @@
 //                             begin, end, first_child, child_count, parent (per cell),
 //                             level_start (levels + 1), leaves; OUT: leaf_of, then mass,
 //                             centre and r_max of each cell (5 values)
+//   harness flags IN OUT      IN: n, cells, leaves, block, count, begin, end, parent (per
+//                             cell), leaves, order (n), rows (count); OUT: the flags of the
+//                             cells holding the rows (mark_rows, flag_cells_holding), a byte
+//                             each
 //   harness walk IN OUT       IN: cells, levels, chunk, retry chunk, short ring, long ring,
 //                             block, entries kept per target, theta, support, moments (5 per
 //                             cell), begin, end, first_child, child_count, parent (per
@@ -152,13 +158,20 @@ int main(int argc, char** argv) {
         auto dt = in.one<double>();
         auto pos = in.many<double>(3 * n), vel = in.many<double>(3 * n), acc = in.many<double>(3 * n);
         auto h = in.many<double>(n);
+        auto count = in.one<uint32_t>();
+        auto rows = in.many<uint32_t>(count);
+        auto steps = in.many<double>(count);
         unsigned grid = (n + block - 1) / block;
         launch(grid, block, kick, vel.data(), (const double*)acc.data(), dt, (unsigned)n);
         launch(grid, block, drift, pos.data(), (const double*)vel.data(), dt, (unsigned)n);
         put(out, vel);
         put(out, pos);
         launch(grid, block, kick_each, vel.data(), (const double*)acc.data(),
-               (const double*)h.data(), (unsigned)n);
+               (const unsigned*)rows.data(), 0u, (const double*)h.data(), (unsigned)n);
+        put(out, vel);
+        launch(std::max(1u, (count + block - 1) / block), block, kick_each, vel.data(),
+               (const double*)acc.data(), (const unsigned*)rows.data(), 1u,
+               (const double*)steps.data(), (unsigned)count);
         put(out, vel);
     } else if (mode == "state") {
         auto n = in.one<uint32_t>(), block = in.one<uint32_t>();
@@ -378,6 +391,23 @@ int main(int argc, char** argv) {
                (const unsigned*)p2p_list.data(), (int)kernel, eps2, h, g, acc.data(), pot.data());
         put(out, acc);
         put(out, pot);
+    } else if (mode == "flags") {
+        auto n = in.one<uint32_t>(), cells = in.one<uint32_t>(), n_leaves = in.one<uint32_t>();
+        auto block = in.one<uint32_t>(), count = in.one<uint32_t>();
+        auto begin = in.many<uint32_t>(cells), end = in.many<uint32_t>(cells);
+        auto parent = in.many<uint32_t>(cells);
+        auto leaves = in.many<uint32_t>(n_leaves);
+        auto order = in.many<uint32_t>(n);
+        auto rows = in.many<uint32_t>(count);
+        auto grid = [&](unsigned items) { return std::max(1u, (items + block - 1) / block); };
+        std::vector<unsigned char> marked(n, 0), flags(cells, 0);
+        launch(grid(count), block, mark_rows, (const unsigned*)rows.data(), (unsigned)count,
+               marked.data());
+        launch(grid(n_leaves), block, flag_cells_holding, (const unsigned*)leaves.data(),
+               (unsigned)n_leaves, (const unsigned*)begin.data(), (const unsigned*)end.data(),
+               (const unsigned*)parent.data(), (const unsigned*)order.data(),
+               (const unsigned char*)marked.data(), flags.data());
+        put(out, flags);
     } else if (mode == "moments") {
         auto n = in.one<uint32_t>(), cells = in.one<uint32_t>(), levels = in.one<uint32_t>();
         auto n_leaves = in.one<uint32_t>(), block = in.one<uint32_t>();

@@ -276,6 +276,16 @@ pub trait DeviceTree {
             "this device does not split cells; plan with plan_sorted".into(),
         ))
     }
+
+    /// For each cell of `tree` (split there, its moments computed there), whether the
+    /// lists are for it: whether it holds one of the particles the caller named to the
+    /// device (`Tree::cells_holding`'s flags, found there), into `out`. Asked only by a
+    /// partial `FmmSolver::plan_split`.
+    fn active_cells(&mut self, _tree: &Tree, _out: &mut Vec<bool>) -> Result<(), GravityError> {
+        Err(GravityError::Device(
+            "this device does not flag active cells; plan with active particles".into(),
+        ))
+    }
 }
 
 /// The sizes of lists a `DeviceTree` walked and keeps.
@@ -303,8 +313,12 @@ enum TreeInput<'a> {
         device: Option<&'a mut dyn DeviceTree>,
     },
     /// Sorted and split into cells on `device`, which keeps the particles and hands over
-    /// the cells, computes their moments and may walk.
-    Split { device: &'a mut dyn DeviceTree },
+    /// the cells, computes their moments and may walk; with `partial`, it also flags the
+    /// cells the lists are for (`DeviceTree::active_cells`).
+    Split {
+        device: &'a mut dyn DeviceTree,
+        partial: bool,
+    },
 }
 
 /// How one evaluation differs from the plain single-rank one (`Default`).
@@ -570,21 +584,22 @@ impl FmmSolver {
     }
 
     /// As `plan_sorted`, for particles that `device` sorted and splits into cells itself:
-    /// only the cells come here (`DeviceTree::split_cells`).
-    /// With `active`, the lists only for the cells holding those particles (the device's
-    /// split must then leave the tree's order, `Tree::order`, set).
+    /// only the cells come here (`DeviceTree::split_cells`). With `partial`, the lists only
+    /// for the cells the device flags (`DeviceTree::active_cells`: those holding a block
+    /// sub-step's active particles).
     pub fn plan_split(
         &mut self,
         id: &[u64],
         device: &mut dyn DeviceTree,
-        active: Option<&[bool]>,
+        partial: bool,
     ) -> Result<FmmStats, GravityError> {
-        self.plan_from(TreeInput::Split { device }, id, active)
+        self.plan_from(TreeInput::Split { device, partial }, id, None)
     }
 
     /// The tree and lists from `input` (sorted elsewhere), for the cells holding `active`
-    /// particles when given; the caps and presets learn only from full evaluations (a
-    /// partial one's needs say nothing of a full one's, as in `plan_with`).
+    /// particles when given (or flagged by a partial split's device); the caps and presets
+    /// learn only from full evaluations (a partial one's needs say nothing of a full
+    /// one's, as in `plan_with`).
     fn plan_from(
         &mut self,
         input: TreeInput,
@@ -592,12 +607,13 @@ impl FmmSolver {
         active: Option<&[bool]>,
     ) -> Result<FmmStats, GravityError> {
         let mut stats = FmmStats::default();
+        let partial = active.is_some() || matches!(input, TreeInput::Split { partial: true, .. });
         let with = Evaluation {
             active,
             ..Evaluation::default()
         };
         self.build_lists(input, id, with, false, &mut stats)?;
-        if active.is_none() {
+        if !partial {
             self.tracker.settle(&stats.used);
             self.record_presets(id.len());
         }
@@ -650,13 +666,13 @@ impl FmmSolver {
             .give_back(std::mem::take(&mut self.p2p.sources));
         // Particles sorted elsewhere are taken once; a retry for more cells only splits again.
         let t0 = Instant::now();
-        let (unsorted, mut device_tree, reordered, split_there) = match input {
-            TreeInput::Unsorted { pos, mass } => (Some((pos, mass)), None, false, false),
+        let (unsorted, mut device_tree, reordered, split_there, flagged_there) = match input {
+            TreeInput::Unsorted { pos, mass } => (Some((pos, mass)), None, false, false, false),
             TreeInput::Sorted { sorted, device } => {
                 let reordered = self.tree.adopt_sorted(sorted, id)?;
-                (None, device, reordered, false)
+                (None, device, reordered, false, false)
             }
-            TreeInput::Split { device } => (None, Some(device), false, true),
+            TreeInput::Split { device, partial } => (None, Some(device), false, true, partial),
         };
         stats.seconds.tree += t0.elapsed().as_secs_f64();
         loop {
@@ -709,6 +725,9 @@ impl FmmSolver {
                 Some(device) => {
                     device.cell_moments(&self.tree, reordered)?;
                     self.moments_on_device = true;
+                    if flagged_there {
+                        device.active_cells(&self.tree, &mut self.targets)?;
+                    }
                     if host_upward || remote.is_some() {
                         self.fetch_moments(&mut **device)?;
                     }

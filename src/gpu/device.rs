@@ -215,6 +215,8 @@ struct Kernels {
     radix_offsets: CudaFunction,
     radix_scatter: CudaFunction,
     leaf_of: CudaFunction,
+    mark_rows: CudaFunction,
+    flag_cells: CudaFunction,
     level_moments: CudaFunction,
     ancestor_r2: CudaFunction,
     finish_moments: CudaFunction,
@@ -241,12 +243,12 @@ pub struct DeviceState {
     component: CudaSlice<u8>,
     /// The particles' ids, which order runs of equal keys.
     id: CudaSlice<u64>,
-    /// Each particle's step of the block scheme's last kick (`GpuFmm::kick_each`; grown at
-    /// the first).
+    /// The block scheme's buffers (grown at their first use): the steps of its last kick
+    /// (`GpuFmm::kick_each`), the rows of the particles a kick or a download of
+    /// accelerations is for (a sub-step's active ones), and those accelerations gathered
+    /// for the download (`GpuFmm::accelerations`).
     steps: Reused<f64>,
-    /// The particles whose accelerations the host asked for (`GpuFmm::accelerations`, a
-    /// block sub-step's active ones) and those accelerations, gathered for the download.
-    pick_rows: Reused<u32>,
+    rows: Reused<u32>,
     picked: Reused<f64>,
 }
 
@@ -408,6 +410,11 @@ struct MomentsBuffers {
     out: Reused<f64>,
     /// Per cell of a level, its children, then their prefix sums (`split_cells`).
     split_counts: Reused<u32>,
+    /// A block sub-step's active rows, their marks (a byte per particle) and the flags of
+    /// the cells holding them (a byte per cell: `GpuFmm::cells_holding`).
+    rows: Reused<u32>,
+    marked: Reused<u8>,
+    flags: Reused<u8>,
 }
 
 impl MomentsBuffers {
@@ -427,6 +434,9 @@ impl MomentsBuffers {
             r2: Reused::new(stream, cells)?,
             out: Reused::new(stream, MOMENT_VALUES * cells)?,
             split_counts: Reused::new(stream, cells + 1)?,
+            rows: Reused::new(stream, 0)?,
+            marked: Reused::new(stream, 0)?,
+            flags: Reused::new(stream, 0)?,
         })
     }
 
@@ -756,6 +766,8 @@ impl GpuFmm {
             radix_offsets: function("keys.cu", "radix_offsets")?,
             radix_scatter: function("keys.cu", "radix_scatter")?,
             leaf_of: function("moments.cu", "leaf_of_particles")?,
+            mark_rows: function("moments.cu", "mark_rows")?,
+            flag_cells: function("moments.cu", "flag_cells_holding")?,
             level_moments: function("moments.cu", "level_moments")?,
             ancestor_r2: function("moments.cu", "ancestor_r2")?,
             finish_moments: function("moments.cu", "finish_moments")?,
@@ -1013,7 +1025,7 @@ impl GpuFmm {
             component: component_buf,
             id,
             steps: Reused::new(stream, 0)?,
-            pick_rows: Reused::new(stream, 0)?,
+            rows: Reused::new(stream, 0)?,
             picked: Reused::new(stream, 0)?,
         })
     }
@@ -1024,31 +1036,43 @@ impl GpuFmm {
         self.add_scaled(kernel, &mut state.vel, &state.acc, dt, state.n)
     }
 
-    /// `v += a h[i]` for each particle i on the device (the block scheme's kicks; h = 0
-    /// leaves one alone), with the host's bits (`leapfrog::kick_by`).
-    pub fn kick_each(&self, state: &mut DeviceState, h: &[f64]) -> Result<(), GpuError> {
-        let n = state.n;
-        if h.len() != n {
+    /// The block scheme's kick on the device, `v += a h[k]` for the k-th particle of `rows`
+    /// (of all without them), with the host's bits (`leapfrog::kick_each`).
+    pub fn kick_each(
+        &self,
+        state: &mut DeviceState,
+        rows: Option<&[u32]>,
+        h: &[f64],
+    ) -> Result<(), GpuError> {
+        let count = rows.map_or(state.n, <[u32]>::len);
+        if h.len() != count || rows.is_some_and(|r| r.iter().any(|&i| i as usize >= state.n)) {
             return Err(GpuError::Unsupported(format!(
-                "steps for {} particles on a device state of {n}",
-                h.len()
+                "{} steps for {count} of the {} particles on the device",
+                h.len(),
+                state.n
             )));
         }
-        if n == 0 {
+        if count == 0 {
             return Ok(());
         }
-        state.steps.room(&self.stream, n)?;
+        if let Some(rows) = rows {
+            state.rows.room(&self.stream, count)?;
+            state.rows.upload(&self.stream, rows)?;
+        }
+        state.steps.room(&self.stream, count)?;
         state.steps.upload(&self.stream, h)?;
-        let n32 = n as u32;
+        let (listed, count32) = (u32::from(rows.is_some()), count as u32);
         let mut launch = self.stream.launch_builder(&self.kernels.kick_each);
         launch
             .arg(&mut state.vel)
             .arg(&state.acc)
+            .arg(&state.rows.buf)
+            .arg(&listed)
             .arg(&state.steps.buf)
-            .arg(&n32);
+            .arg(&count32);
         // SAFETY: the arguments match kick_each's signature; vel and acc hold 3 n values,
-        // steps n.
-        unsafe { launch.launch(grid(n)) }?;
+        // steps `count`, and rows (read only when listed) `count` rows below n.
+        unsafe { launch.launch(grid(count)) }?;
         Ok(())
     }
 
@@ -1325,16 +1349,66 @@ impl GpuFmm {
         Ok(s)
     }
 
-    /// The order of `state`'s last `sort_resident` (the particle of each place in tree order)
-    /// downloaded into `out`: what the host needs to find the cells holding given particles
-    /// (`Tree::cells_holding`) in a tree the device split.
-    pub fn download_order(&self, state: &DeviceState, out: &mut Vec<u32>) -> Result<(), GpuError> {
-        let n = state.n;
-        let s = self.sorted(n)?;
-        out.resize(n, 0);
-        self.stream
-            .memcpy_dtoh(&s.index[0].buf.slice(0..n), &mut out[..])?;
-        self.stream.synchronize()?;
+    /// For each cell of `tree` (split on the device by the last `split_cells`, its moments
+    /// computed by `cell_moments`), whether it holds one of the particles of `rows` (rows
+    /// of `state`): `Tree::cells_holding`'s flags, found where the tree is (kernels
+    /// mark_rows and flag_cells_holding), so that a block sub-step brings back a byte per
+    /// cell instead of the sort's order (4 bytes a particle).
+    pub fn cells_holding(
+        &mut self,
+        state: &DeviceState,
+        tree: &Tree,
+        rows: &[u32],
+        out: &mut Vec<bool>,
+    ) -> Result<(), GpuError> {
+        let (n, cells) = (state.n, tree.cells.len());
+        if self.split != Some(cells) || rows.iter().any(|&i| i as usize >= n) {
+            return Err(GpuError::Unsupported(
+                "active cells of a tree the device did not split, or of rows beyond its particles"
+                    .into(),
+            ));
+        }
+        let stream = self.stream.clone();
+        let s = self
+            .sorting
+            .as_ref()
+            .filter(|s| s.index[0].buf.len() >= n)
+            .ok_or_else(|| GpuError::Unsupported("active cells before a sort".into()))?;
+        let m = self
+            .moments
+            .as_mut()
+            .ok_or_else(|| GpuError::Unsupported("active cells before the moments".into()))?;
+        m.marked.room(&stream, n)?;
+        m.marked.zero(&stream, n)?;
+        m.flags.room(&stream, cells)?;
+        m.flags.zero(&stream, cells)?;
+        m.rows.room(&stream, rows.len())?;
+        m.rows.upload(&stream, rows)?;
+        let count = rows.len() as u32;
+        let mut launch = stream.launch_builder(&self.kernels.mark_rows);
+        launch.arg(&m.rows.buf).arg(&count).arg(&mut m.marked.buf);
+        // SAFETY: the arguments match mark_rows's signature; every row is below n, the
+        // marks' length.
+        unsafe { launch.launch(grid(rows.len())) }?;
+        let n_leaves = tree.leaves.len() as u32;
+        let mut launch = stream.launch_builder(&self.kernels.flag_cells);
+        launch
+            .arg(&m.leaves.buf)
+            .arg(&n_leaves)
+            .arg(&m.begin.buf)
+            .arg(&m.end.buf)
+            .arg(&m.parent.buf)
+            .arg(&s.index[0].buf)
+            .arg(&m.marked.buf)
+            .arg(&mut m.flags.buf);
+        // SAFETY: the arguments match flag_cells_holding's signature; the cells' columns and
+        // leaves are the tree's (its split and moments were the device's), the order holds n.
+        unsafe { launch.launch(grid(tree.leaves.len())) }?;
+        let mut flags = vec![0u8; cells];
+        stream.memcpy_dtoh(&m.flags.buf.slice(0..cells), &mut flags[..])?;
+        stream.synchronize()?;
+        out.clear();
+        out.extend(flags.iter().map(|&f| f != 0));
         Ok(())
     }
 
@@ -1853,41 +1927,40 @@ impl GpuFmm {
         Ok(())
     }
 
-    /// Copies the accelerations of `state` into `acc`, or with `only` those of the flagged
+    /// Copies the accelerations of `state` into `acc`, or with `only` those of the listed
     /// particles (gathered on the device: a block sub-step's active ones, whose step
     /// criterion reads them; the others in `acc` stay as they were).
     pub fn accelerations(
         &mut self,
         state: &mut DeviceState,
         acc: &mut [[f64; 3]],
-        only: Option<&[bool]>,
+        only: Option<&[u32]>,
     ) -> Result<(), GpuError> {
         let n = state.n;
-        if acc.len() != n || only.is_some_and(|f| f.len() != n) {
+        if acc.len() != n || only.is_some_and(|r| r.iter().any(|&i| i as usize >= n)) {
             return Err(GpuError::Unsupported(format!(
-                "accelerations of {n} particles into {}",
+                "accelerations of {n} particles into {}, or of rows beyond them",
                 acc.len()
             )));
         }
-        let Some(flags) = only else {
+        let Some(rows) = only else {
             let all = acc.as_flattened_mut();
             return self
                 .stage
                 .download(&self.stream, &state.acc.slice(0..3 * n), all);
         };
-        let rows: Vec<u32> = (0..n as u32).filter(|&i| flags[i as usize]).collect();
         if rows.is_empty() {
             return Ok(());
         }
         let stream = self.stream.clone();
-        state.pick_rows.room(&stream, rows.len())?;
-        state.pick_rows.upload(&stream, &rows)?;
+        state.rows.room(&stream, rows.len())?;
+        state.rows.upload(&stream, rows)?;
         state.picked.room(&stream, 3 * rows.len())?;
         let (count, width) = (rows.len() as u32, 3u32);
         let mut launch = stream.launch_builder(&self.kernels.gather_rows);
         launch
             .arg(&state.acc)
-            .arg(&state.pick_rows.buf)
+            .arg(&state.rows.buf)
             .arg(&count)
             .arg(&width)
             .arg(&mut state.picked.buf);

@@ -202,10 +202,11 @@ mod tests {
             resident_bytes(10),
             8 * 126 + 10 + 8 * 10 + 8 * 10 + 28 * 10 + sort
         );
-        // Moments: a leaf index per particle, 7 u32 and 10 f64 per cell, 32 level slots;
+        // Moments: a leaf index, an active row and mark per particle, 7 u32, a flag and 10
+        // f64 per cell, 32 level slots;
         // the walk: 3 u64 and 6 u32 (3 counts, 2 slots of the lists of targets launched
         // again, 1 of the targets of a sub-step) per cell, and its kept entries with their number.
-        let moments = 4 * 10 + (7 * 4 + 10 * 8) * 3 + 4 * 32;
+        let moments = 9 * 10 + (7 * 4 + 1 + 10 * 8) * 3 + 4 * 32;
         let walk = (3 * 8 + 6 * 4 + 4 * super::super::sort::WALK_CACHE + 4) * 3;
         assert_eq!(
             l.bytes_per_particle(),

@@ -5,8 +5,9 @@
 //! back instead for the host to order it and split), computes the cells' moments and walks
 //! the tree (the moments come back; the lists stay there, unless the device's walk gives up
 //! on a step and the host walks), and runs the passes. For the block scheme's sub-steps
-//! (`ResidentState::compute_active`) the sort's order comes back too, for the host to flag
-//! the cells holding the active particles, and the device walks for those only. Otherwise (`GravitySolver::compute`, the
+//! (`ResidentState::compute_active`) the device also flags the cells holding the active
+//! particles (a byte per cell comes back) and walks for those only. Otherwise
+//! (`GravitySolver::compute`, the
 //! first evaluation before the state is loaded) the host builds the tree and lists
 //! (`FmmSolver::plan`), positions go up and forces come down.
 
@@ -20,7 +21,9 @@ use crate::fmm::solver::{
 };
 use crate::fmm::traversal::Mac;
 use crate::fmm::tree::{CellColumns, CellsOverflow, MOMENT_VALUES, SortedParticles, Tree};
-use crate::gravity::{ForceReport, GravityError, GravitySolver, ResidentState, check_finite};
+use crate::gravity::{
+    ForceReport, GravityError, GravitySolver, ResidentState, active_flags, check_finite,
+};
 use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
 use std::time::Instant;
@@ -86,12 +89,12 @@ impl GpuSolver {
     /// device to order by id), its moments of the cells and its walk; `None` when the host
     /// rejects that sort or split (then, with a warning, the host sorts from now on: a
     /// fault of the device's tree costs speed, not the run).
-    /// With `active`, the lists only for the cells holding those particles (walked on the
-    /// device, or the host when it gives up), the sort's order downloaded to find them.
+    /// With `active` (rows), the lists only for the cells holding those particles (flagged
+    /// and walked on the device, or on the host when it splits or gives up).
     fn plan_device_sorted(
         &mut self,
         particles: &mut Particles,
-        active: Option<&[bool]>,
+        active: Option<&[u32]>,
     ) -> Result<Option<FmmStats>, GravityError> {
         let state = self.state.as_ref().ok_or_else(not_loaded)?;
         let t0 = Instant::now();
@@ -123,17 +126,22 @@ impl GpuSolver {
             cube: sort.cube,
             columns: &mut self.columns,
             walk_declined: &mut walk_declined,
-            with_order: active.is_some(),
+            active,
         };
         let planned = match checked {
             Err(why) => Err(GravityError::NotSorted(why)),
-            Ok(()) if host_splits => self.host.plan_sorted(
-                &mut self.sorted,
-                &particles.id,
-                Some(&mut on_device),
-                active,
-            ),
-            Ok(()) => self.host.plan_split(&particles.id, &mut on_device, active),
+            Ok(()) if host_splits => {
+                let flags = active.map(|rows| active_flags(rows, particles.len()));
+                self.host.plan_sorted(
+                    &mut self.sorted,
+                    &particles.id,
+                    Some(&mut on_device),
+                    flags.as_deref(),
+                )
+            }
+            Ok(()) => self
+                .host
+                .plan_split(&particles.id, &mut on_device, active.is_some()),
         };
         if walk_declined && !self.walk_declined_said {
             self.walk_declined_said = true;
@@ -180,7 +188,7 @@ impl GpuSolver {
         Ok(Self::report(&plan, stats, out.seconds, start))
     }
 
-    /// Forces on the resident particles, or with `active` on those flagged (the others'
+    /// Forces on the resident particles, or with `active` on those listed (the others'
     /// left undefined on the device): the device sorts them into tree order and computes
     /// the cells' moments; it also splits them into cells and walks, unless the host must
     /// (`plan_device_sorted`); when the device's tree is rejected, the host's from the
@@ -188,7 +196,7 @@ impl GpuSolver {
     fn compute_resident(
         &mut self,
         particles: &mut Particles,
-        active: Option<&[bool]>,
+        active: Option<&[u32]>,
     ) -> Result<ForceReport, GravityError> {
         let start = Instant::now();
         if particles.is_empty() {
@@ -207,7 +215,8 @@ impl GpuSolver {
                 self.device
                     .positions(state, &mut particles.pos)
                     .map_err(device_error)?;
-                self.plan(particles, active)?
+                let flags = active.map(|rows| active_flags(rows, particles.len()));
+                self.plan(particles, flags.as_deref())?
             }
         };
         let plan = self.host.device_plan()?;
@@ -304,20 +313,20 @@ impl ResidentState for GpuSolver {
     fn compute_active(
         &mut self,
         particles: &mut Particles,
-        active: &[bool],
+        active: &[u32],
     ) -> Result<ForceReport, GravityError> {
         self.compute_resident(particles, Some(active))
     }
 
-    fn kick_each(&mut self, h: &[f64]) -> Result<(), GravityError> {
+    fn kick_each(&mut self, rows: Option<&[u32]>, h: &[f64]) -> Result<(), GravityError> {
         let state = self.state.as_mut().ok_or_else(not_loaded)?;
-        self.device.kick_each(state, h).map_err(device_error)
+        self.device.kick_each(state, rows, h).map_err(device_error)
     }
 
     fn accelerations(
         &mut self,
         particles: &mut Particles,
-        only: Option<&[bool]>,
+        only: Option<&[u32]>,
     ) -> Result<(), GravityError> {
         let state = self.state.as_mut().ok_or_else(not_loaded)?;
         self.device
@@ -356,9 +365,9 @@ struct OnDevice<'a> {
     columns: &'a mut CellColumns,
     /// Set when the device's walk gave up on a step (the host walked).
     walk_declined: &'a mut bool,
-    /// Whether the host needs the tree's order with the device's split (to find the cells
-    /// holding the active particles of a block sub-step).
-    with_order: bool,
+    /// A block sub-step's active particles (rows of the state), whose cells the device
+    /// flags (`DeviceTree::active_cells`).
+    active: Option<&'a [u32]>,
 }
 
 impl DeviceTree for OnDevice<'_> {
@@ -403,13 +412,17 @@ impl DeviceTree for OnDevice<'_> {
         if split.is_ok() {
             let n = self.state.particles();
             tree.adopt_cells(self.cube, n, self.columns, leaf_size)?;
-            if self.with_order {
-                self.device
-                    .download_order(self.state, &mut tree.order)
-                    .map_err(device_error)?;
-            }
         }
         Ok(split)
+    }
+
+    fn active_cells(&mut self, tree: &Tree, out: &mut Vec<bool>) -> Result<(), GravityError> {
+        let rows = self.active.ok_or_else(|| {
+            GravityError::Device("active cells of an evaluation for every particle".into())
+        })?;
+        self.device
+            .cells_holding(self.state, tree, rows, out)
+            .map_err(device_error)
     }
 }
 

@@ -102,9 +102,11 @@ pub fn sort_bytes(particles: usize) -> usize {
 /// `cells` cells over `particles` particles: the leaf of each particle; per cell its
 /// particle range, first child, child count, parent, a leaf slot and a count of the split
 /// (u32 each), its mass, centre, squared radius and the five values that go back (f64
-/// each); the levels' first cells.
+/// each); the levels' first cells; and for block steps (`GpuFmm::cells_holding`, made only
+/// for them, so the figure is a bound) at most a row and a mark per particle and a flag
+/// per cell.
 pub fn moments_bytes(particles: usize, cells: usize) -> usize {
-    4 * particles + (7 * 4 + (1 + 3 + 1 + 5) * 8) * cells + 4 * LEVEL_SLOTS
+    (4 + 4 + 1) * particles + (7 * 4 + 1 + (1 + 3 + 1 + 5) * 8) * cells + 4 * LEVEL_SLOTS
 }
 
 /// Bytes of device memory the rings of the `walk_level` launches take at the most (512 MiB:

@@ -169,25 +169,26 @@ pub trait ResidentState {
     /// not brought up to date (`store` does that).
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError>;
 
-    /// `compute` for the particles flagged in `active` (the block scheme's sub-steps): their
-    /// accelerations and potentials on the device are the host's `compute_active` would
-    /// give; the others' are left undefined there (the scheme reads them only after their
-    /// own next evaluation).
+    /// `compute` for the particles listed in `active` (rows of the device's order: the
+    /// block scheme's sub-steps): their accelerations and potentials on the device are the
+    /// host's `compute_active` would give; the others' are left undefined there (the scheme
+    /// reads them only after their own next evaluation).
     fn compute_active(
         &mut self,
         particles: &mut Particles,
-        active: &[bool],
+        active: &[u32],
     ) -> Result<ForceReport, GravityError>;
 
-    /// `v += a h[i]` for each particle i on the device (`leapfrog::kick_by`).
-    fn kick_each(&mut self, h: &[f64]) -> Result<(), GravityError>;
+    /// `v += a h[k]` on the device for the k-th particle of `rows`, or of all without them
+    /// (`leapfrog::kick_each`).
+    fn kick_each(&mut self, rows: Option<&[u32]>, h: &[f64]) -> Result<(), GravityError>;
 
-    /// The device's accelerations into `particles.acc`, or with `only` those of the flagged
+    /// The device's accelerations into `particles.acc`, or with `only` those of the listed
     /// particles (the block scheme's step criterion reads them on the host).
     fn accelerations(
         &mut self,
         particles: &mut Particles,
-        only: Option<&[bool]>,
+        only: Option<&[u32]>,
     ) -> Result<(), GravityError>;
 
     /// The largest |a| of each component's particles, as
@@ -200,6 +201,16 @@ pub trait ResidentState {
 
     /// Positions, velocities, accelerations and potentials back into `particles`.
     fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError>;
+}
+
+/// The flags of `n` particles, set for the rows listed in `rows` (a block sub-step's
+/// active particles, for a solver that takes flags).
+pub fn active_flags(rows: &[u32], n: usize) -> Vec<bool> {
+    let mut flags = vec![false; n];
+    for &i in rows {
+        flags[i as usize] = true;
+    }
+    flags
 }
 
 /// Rejects NaN/Inf positions and masses before a solver turns them into garbage forces.

@@ -15,19 +15,30 @@ pub fn kick(p: &mut Particles, h: f64) {
         });
 }
 
-/// `v += a h[i]` for each particle i (the block scheme's kicks; h = 0 leaves one alone).
-pub fn kick_by(p: &mut Particles, h: &[f64]) {
-    p.vel
-        .par_iter_mut()
-        .zip(p.acc.par_iter())
-        .zip(h.par_iter())
-        .for_each(|((v, a), &h)| {
-            if h != 0.0 {
-                for k in 0..3 {
-                    v[k] += a[k] * h;
-                }
+/// The block scheme's kicks: `v += a h[k]` for the k-th particle of `rows`, or of all
+/// particles without them.
+pub fn kick_each(p: &mut Particles, rows: Option<&[u32]>, h: &[f64]) {
+    match rows {
+        None => p
+            .vel
+            .par_iter_mut()
+            .zip(p.acc.par_iter())
+            .zip(h.par_iter())
+            .for_each(|((v, a), &h)| kick_one(v, a, h)),
+        Some(rows) => {
+            for (&i, &h) in rows.iter().zip(h) {
+                let i = i as usize;
+                kick_one(&mut p.vel[i], &p.acc[i], h);
             }
-        });
+        }
+    }
+}
+
+/// `v += a h` for one particle.
+fn kick_one(v: &mut [f64; 3], a: &[f64; 3], h: f64) {
+    for k in 0..3 {
+        v[k] += a[k] * h;
+    }
 }
 
 /// `x += v h` for every particle.
