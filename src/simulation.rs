@@ -27,7 +27,7 @@ use crate::gravity::{
 use crate::ics;
 use crate::ics::Share;
 use crate::ics::sampling::{block_moments, centre_on};
-use crate::integrate::block::{Rungs, rung_for};
+use crate::integrate::block::{Rungs, rung_for, rungs_for};
 use crate::integrate::diagnostics::{
     CONSERVED_SUMS, Conserved, DiagnosticsLog, PhaseTimes, RankLog, Row,
 };
@@ -1040,17 +1040,14 @@ impl<'a> Simulation<'a> {
         self.load_resident()?;
         let ti0 = self.state.ti;
         let n = self.particles.len();
-        let rung = self
-            .wanted_steps(None)
-            .into_iter()
-            .map(|w| rung_for(&self.timeline, ti0, w, deepest))
-            .collect::<Result<Vec<u32>, _>>()?;
+        let rung = rungs_for(&self.timeline, ti0, &self.wanted_steps(None), deepest)?;
         let mut rungs = Rungs::start(ti0, rung);
-        let histogram = allreduce_sum(self.comm, &rungs.histogram(deepest))?;
-        let mut finest = rungs.rung.iter().copied().max().unwrap_or(0);
+        let own = rungs.histogram(deepest);
+        let mut finest = own.iter().rposition(|&c| c > 0).unwrap_or(0) as u32;
+        let histogram = allreduce_sum(self.comm, &own)?;
         let timeline = self.timeline;
         let half_step = move |r: u32| 0.5 * timeline.level_dt(r);
-        let half: Vec<f64> = rungs.rung.iter().map(|&r| half_step(r)).collect();
+        let half: Vec<f64> = rungs.rung.par_iter().map(|&r| half_step(r)).collect();
         self.kick_each(None, &half)?;
         let mut ti = ti0;
         self.wall.integrate += start.elapsed().as_secs_f64();
@@ -1082,7 +1079,7 @@ impl<'a> Simulation<'a> {
                 self.compute_forces(None)?;
                 let start = Instant::now();
                 let rung = std::mem::take(&mut self.particles.rung);
-                let half: Vec<f64> = rung.iter().map(|&r| half_step(u32::from(r))).collect();
+                let half: Vec<f64> = rung.par_iter().map(|&r| half_step(u32::from(r))).collect();
                 self.kick_each(None, &half)?;
                 // The next cycle's rungs come from these accelerations.
                 self.fetch_accelerations(None)?;
