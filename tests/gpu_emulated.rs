@@ -87,7 +87,8 @@ fn forces_on_the_emulated_gpu_are_the_cpus_on_one_and_two_ranks() {
         stdout.contains("GPU leapfmm CPU emulation (not a GPU) (sm_90) ready"),
         "{stdout}"
     );
-    // The device's tree order, cells, moments and lists, each evaluation, against the host's.
+    // The device's tree order, cells, moments, lists and a sub-step's flags of cells, each
+    // evaluation, against the host's.
     for (what, count) in [
         (
             "GPU tree order",
@@ -96,6 +97,7 @@ fn forces_on_the_emulated_gpu_are_the_cpus_on_one_and_two_ranks() {
         ("GPU cells", "the host's cells: identical"),
         ("GPU cell moments", "the host's: identical"),
         ("GPU walk", "the host's lists: identical"),
+        ("GPU active cells", "the host's flags: identical"),
         (
             "GPU walk for a sub-step",
             "the host's lists there: identical",

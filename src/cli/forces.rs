@@ -476,9 +476,11 @@ fn report_gpu_difference(gpu_acc: &[[f64; 3]], cpu_acc: &[[f64; 3]], what: &str)
 
 /// The device's sort of `particles` into tree order (`GpuFmm::sort_resident`), its split
 /// into cells (`GpuFmm::split_cells`), its moments of the cells (`GpuFmm::cell_moments`)
-/// and its walk (`GpuFmm::walk`), `repeat` times, against the host's tree and lists of
-/// `plan` and the host's moments of the same cells (`settings` as the plan's, `caps` the
-/// solver's): the same order, positions, cells, moments and lists to the bit, or an error.
+/// and its walk (`GpuFmm::walk`), then a block sub-step's flags of the cells holding active
+/// particles (`GpuFmm::cells_holding`) and walk for those, `repeat` times, against the
+/// host's tree and lists of `plan` and the host's moments and flags of the same cells
+/// (`settings` as the plan's, `caps` the solver's): the same order, positions, cells,
+/// moments, flags and lists to the bit, or an error.
 #[cfg(feature = "cuda")]
 fn device_tree_order(
     gpu: &mut leapfmm::gpu::device::GpuFmm,
@@ -600,10 +602,33 @@ fn device_tree_order(
         if !same {
             bail!("the device's lists differ from the host's");
         }
-        // A block sub-step's walk: for the cells holding every 64th particle only, whose
-        // lists are those of the whole walk; the other cells' are empty.
-        let active: Vec<bool> = (0..tree.own_particles).map(|i| i % 64 == 0).collect();
-        let targets = tree.cells_holding(&active);
+        // A block sub-step: the cells holding every 64th particle, flagged on the device as
+        // on the host; the walk for those only, whose lists are those of the whole walk; the
+        // other cells' are empty.
+        let rows: Vec<u32> = (0..tree.own_particles as u32)
+            .filter(|i| i % 64 == 0)
+            .collect();
+        let targets =
+            tree.cells_holding(&leapfmm::gravity::active_flags(&rows, tree.own_particles));
+        let start = Instant::now();
+        let mut flagged = Vec::new();
+        gpu.cells_holding(&state, &tree, &rows, &mut flagged)?;
+        let secs = start.elapsed().as_secs_f64();
+        let differ = flagged.iter().zip(&targets).filter(|(d, h)| d != h).count()
+            + flagged.len().abs_diff(targets.len());
+        println!(
+            "GPU active cells {}: {secs:.3} s ({} rows up, a flag per cell down); the host's flags: {}",
+            k + 1,
+            rows.len(),
+            if differ == 0 {
+                "identical".to_string()
+            } else {
+                format!("DIFFERENT in {differ} cells")
+            }
+        );
+        if differ > 0 {
+            bail!("the device's cells holding the active particles differ from the host's");
+        }
         let start = Instant::now();
         let Some(some) = gpu.walk(&tree, mac, caps, Some(&targets))? else {
             bail!("the device's walk for some targets gave up");
