@@ -555,11 +555,7 @@ fn device_tree_order(
             "GPU cell moments {}: {secs:.3} s (cells up, masses, centres and radii, {} cells down); the host's: {}",
             k + 1,
             host.len(),
-            if differ == 0 {
-                "identical".to_string()
-            } else {
-                format!("DIFFERENT in {differ} cells")
-            }
+            verdict(differ)
         );
         if differ > 0 {
             bail!("the device's cell moments differ from the host's");
@@ -594,9 +590,9 @@ fn device_tree_order(
             lists.m2l,
             lists.p2p,
             if same {
-                "identical".to_string()
+                verdict(0)
             } else {
-                format!("DIFFERENT for {differ} cells")
+                format!("DIFFERENT for {differ} cells or in the totals")
             }
         );
         if !same {
@@ -620,11 +616,7 @@ fn device_tree_order(
             "GPU active cells {}: {secs:.3} s ({} rows up, a flag per cell down); the host's flags: {}",
             k + 1,
             rows.len(),
-            if differ == 0 {
-                "identical".to_string()
-            } else {
-                format!("DIFFERENT in {differ} cells")
-            }
+            verdict(differ)
         );
         if differ > 0 {
             bail!("the device's cells holding the active particles differ from the host's");
@@ -652,17 +644,23 @@ fn device_tree_order(
             k + 1,
             targets.iter().filter(|&&t| t).count(),
             targets.len(),
-            if differ == 0 {
-                "identical".to_string()
-            } else {
-                format!("DIFFERENT for {differ} cells")
-            }
+            verdict(differ)
         );
         if differ > 0 {
             bail!("the device's lists for some targets differ from the host's");
         }
     }
     Ok(())
+}
+
+/// "identical" for no cells that differ between the device and the host, else how many.
+#[cfg(feature = "cuda")]
+fn verdict(differ: usize) -> String {
+    if differ == 0 {
+        "identical".to_string()
+    } else {
+        format!("DIFFERENT in {differ} cells")
+    }
 }
 
 /// `--backend cuda` in a build without the `cuda` feature.
