@@ -52,6 +52,9 @@ pub fn rungs_for(
     }
 }
 
+/// Particles per chunk of `Rungs::start`'s parallel passes.
+const START_CHUNK: usize = 1 << 16;
+
 /// Every particle's rung (one rank's particles, in their order), kept by rung so that a
 /// sub-step's bookkeeping costs in proportion to the particles whose steps end there, not
 /// to all of them (a deep hierarchy's finest rungs hold few: at 1e7 particles a scan of
@@ -76,16 +79,67 @@ pub struct Rungs {
 impl Rungs {
     /// Everybody's first step of a cycle, starting at `ti`.
     pub fn start(ti: u64, rung: Vec<u32>) -> Self {
-        let mut rungs = Rungs {
-            members: Vec::new(),
-            slot: vec![0; rung.len()],
-            rung,
-            now: ti,
-        };
-        for i in 0..rungs.rung.len() {
-            rungs.join(i as u32);
+        // In parallel over chunks of particles (a serial pass took ~80 ms at 1e7 over 3
+        // rungs on 2 cores, this ~45): each chunk counts its particles per rung, the
+        // counts' prefix sums give each chunk its places in every rung's members, and each
+        // chunk fills those, in index order.
+        let rungs = rung.iter().copied().max().map_or(0, |r| r as usize + 1);
+        let chunks: Vec<&[u32]> = rung.chunks(START_CHUNK).collect();
+        let counts: Vec<Vec<u32>> = chunks
+            .par_iter()
+            .map(|chunk| {
+                let mut count = vec![0u32; rungs];
+                for &r in *chunk {
+                    count[r as usize] += 1;
+                }
+                count
+            })
+            .collect();
+        // Each chunk's first place in every rung's members (the counts' prefix sums), and
+        // the rungs' sizes.
+        let mut size = vec![0u32; rungs];
+        let firsts: Vec<Vec<u32>> = counts
+            .iter()
+            .map(|count| {
+                let first = size.clone();
+                for (s, &c) in size.iter_mut().zip(count) {
+                    *s += c;
+                }
+                first
+            })
+            .collect();
+        let mut members: Vec<Vec<u32>> = size.iter().map(|&s| vec![0; s as usize]).collect();
+        // Each chunk's share of every rung's members, cut off in chunk order.
+        let mut shares: Vec<Vec<&mut [u32]>> = (0..chunks.len()).map(|_| Vec::new()).collect();
+        for (r, list) in members.iter_mut().enumerate() {
+            let mut rest = list.as_mut_slice();
+            for (share, count) in shares.iter_mut().zip(&counts) {
+                let (mine, after) = rest.split_at_mut(count[r] as usize);
+                share.push(mine);
+                rest = after;
+            }
         }
-        rungs
+        let mut slot = vec![0u32; rung.len()];
+        slot.par_chunks_mut(START_CHUNK)
+            .zip(shares.par_iter_mut())
+            .zip(firsts.par_iter())
+            .enumerate()
+            .for_each(|(c, ((slots, share), first))| {
+                let mut next = vec![0usize; rungs];
+                let base = c * START_CHUNK;
+                for (k, (s, &r)) in slots.iter_mut().zip(chunks[c]).enumerate() {
+                    let r = r as usize;
+                    share[r][next[r]] = (base + k) as u32;
+                    *s = first[r] + next[r] as u32;
+                    next[r] += 1;
+                }
+            });
+        Rungs {
+            rung,
+            members,
+            slot,
+            now: ti,
+        }
     }
 
     /// Puts particle `i` into its rung's members.
@@ -247,6 +301,48 @@ mod tests {
             assert_eq!(ti, end);
             assert!(events >= 6);
         }
+    }
+
+    #[test]
+    fn rung_lists_built_in_chunks_hold_every_particle_once_in_order() {
+        // Several of `start`'s chunks and a partial one, rungs 0..6 with gaps; then moves
+        // between rungs keep each particle's slot.
+        let n = 3 * START_CHUNK + 123;
+        let mut rng = block_rng(7, 0, 0);
+        let rung: Vec<u32> = (0..n)
+            .map(|_| [0, 1, 3, 6][rng.random_range(0..4)])
+            .collect();
+        let mut rungs = Rungs::start(0, rung.clone());
+        let check = |rungs: &Rungs| {
+            let total: usize = rungs.members.iter().map(Vec::len).sum();
+            assert_eq!(total, n);
+            for i in 0..n {
+                let on = &rungs.members[rungs.rung[i] as usize];
+                assert_eq!(on[rungs.slot[i] as usize], i as u32, "particle {i}");
+            }
+        };
+        check(&rungs);
+        for list in &rungs.members {
+            assert!(list.windows(2).all(|w| w[0] < w[1]), "members out of order");
+        }
+        assert_eq!(
+            rungs.histogram(6),
+            vec![
+                rung.iter().filter(|&&r| r == 0).count() as u64,
+                rung.iter().filter(|&&r| r == 1).count() as u64,
+                0,
+                rung.iter().filter(|&&r| r == 3).count() as u64,
+                0,
+                0,
+                rung.iter().filter(|&&r| r == 6).count() as u64,
+            ]
+        );
+        rungs.advance(Timeline::level_ticks(0));
+        for i in (0..n as u32).step_by(7) {
+            rungs.restart(i, [2, 6, 0][i as usize % 3]);
+        }
+        check(&rungs);
+        assert!(Rungs::start(5, Vec::new()).ending_rows().is_empty());
     }
 
     #[test]
