@@ -62,13 +62,16 @@ fn main() {
         rungs.advance(ti);
         let active = rungs.ending_rows();
         let closing: Vec<f64> = active
-            .iter()
+            .par_iter()
             .map(|&i| 0.5 * tl.level_dt(rungs.rung[i as usize]))
             .collect();
+        let wanted: Vec<f64> = active
+            .par_iter()
+            .map(|&i| criterion(&acc[i as usize]))
+            .collect();
         let mut opening = Vec::with_capacity(active.len());
-        for &i in &active {
-            let wanted = criterion(&acc[i as usize]);
-            let r = rung_for(&tl, ti, wanted, 20).expect("a rung within 20");
+        for (&i, &w) in active.iter().zip(&wanted) {
+            let r = rung_for(&tl, ti, w, 20).expect("a rung within 20");
             rungs.restart(i, r);
             opening.push(0.5 * tl.level_dt(r));
         }

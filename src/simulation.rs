@@ -1023,7 +1023,7 @@ impl<'a> Simulation<'a> {
         };
         match rows {
             None => (0..p.len()).into_par_iter().map(wanted).collect(),
-            Some(rows) => rows.iter().map(|&i| wanted(i as usize)).collect(),
+            Some(rows) => rows.par_iter().map(|&i| wanted(i as usize)).collect(),
         }
     }
 
@@ -1091,7 +1091,7 @@ impl<'a> Simulation<'a> {
             let start = Instant::now();
             self.fetch_accelerations(Some(&active))?;
             let closing: Vec<f64> = active
-                .iter()
+                .par_iter()
                 .map(|&i| half_step(rungs.rung[i as usize]))
                 .collect();
             self.kick_each(Some(&active), &closing)?;
