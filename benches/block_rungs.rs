@@ -49,7 +49,7 @@ fn main() {
         let all = rungs_for(&tl, 0, &wanted, 20).expect("rungs within 20");
         let rungs = Rungs::start(0, all);
         let half: Vec<f64> = rungs
-            .rung
+            .rung()
             .par_iter()
             .map(|&r| 0.5 * tl.level_dt(r))
             .collect();
@@ -63,7 +63,7 @@ fn main() {
         let active = rungs.ending_rows();
         let closing: Vec<f64> = active
             .par_iter()
-            .map(|&i| 0.5 * tl.level_dt(rungs.rung[i as usize]))
+            .map(|&i| 0.5 * tl.level_dt(rungs.rung()[i as usize]))
             .collect();
         let wanted: Vec<f64> = active
             .par_iter()

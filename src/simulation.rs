@@ -1047,7 +1047,7 @@ impl<'a> Simulation<'a> {
         let histogram = allreduce_sum(self.comm, &own)?;
         let timeline = self.timeline;
         let half_step = move |r: u32| 0.5 * timeline.level_dt(r);
-        let half: Vec<f64> = rungs.rung.par_iter().map(|&r| half_step(r)).collect();
+        let half: Vec<f64> = rungs.rung().par_iter().map(|&r| half_step(r)).collect();
         self.kick_each(None, &half)?;
         let mut ti = ti0;
         self.wall.integrate += start.elapsed().as_secs_f64();
@@ -1075,7 +1075,7 @@ impl<'a> Simulation<'a> {
             if everyone {
                 // The full evaluation may move particles between ranks (rebalancing on the
                 // cycle's work): their rungs travel with them for the closing half kick.
-                self.particles.rung = rungs.rung.iter().map(|&r| r as u8).collect();
+                self.particles.rung = rungs.rung().iter().map(|&r| r as u8).collect();
                 self.compute_forces(None)?;
                 let start = Instant::now();
                 let rung = std::mem::take(&mut self.particles.rung);
@@ -1092,7 +1092,7 @@ impl<'a> Simulation<'a> {
             self.fetch_accelerations(Some(&active))?;
             let closing: Vec<f64> = active
                 .par_iter()
-                .map(|&i| half_step(rungs.rung[i as usize]))
+                .map(|&i| half_step(rungs.rung()[i as usize]))
                 .collect();
             self.kick_each(Some(&active), &closing)?;
             let wanted = self.wanted_steps(Some(&active));

@@ -7,9 +7,8 @@
 //! on a step and the host walks), and runs the passes. For the block scheme's sub-steps
 //! (`ResidentState::compute_active`) the device also flags the cells holding the active
 //! particles (a byte per cell comes back) and walks for those only. Otherwise
-//! (`GravitySolver::compute`, the
-//! first evaluation before the state is loaded) the host builds the tree and lists
-//! (`FmmSolver::plan`), positions go up and forces come down.
+//! (`GravitySolver::compute`, the first evaluation before the state is loaded) the host
+//! builds the tree and lists (`FmmSolver::plan`), positions go up and forces come down.
 
 use super::device::{DeviceState, GpuError, GpuFmm};
 use crate::distributed::driver::{RankStats, rank_stat_names};

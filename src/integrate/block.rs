@@ -66,8 +66,8 @@ const START_CHUNK: usize = 1 << 16;
 /// and the particles whose steps end at the next such tick are whole rungs.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Rungs {
-    /// Rung of each particle.
-    pub rung: Vec<u32>,
+    /// Rung of each particle (read through `rung`: the lists below follow it).
+    rung: Vec<u32>,
     /// The particles on each rung, in the order they joined it.
     members: Vec<Vec<u32>>,
     /// Each particle's place in its rung's `members`.
@@ -182,6 +182,11 @@ impl Rungs {
             .map(|(r, _)| &self.members[r])
     }
 
+    /// Each particle's rung.
+    pub fn rung(&self) -> &[u32] {
+        &self.rung
+    }
+
     /// How many particles' steps end at `now`.
     pub fn count_ending(&self) -> usize {
         self.ending().map(Vec::len).sum()
@@ -252,7 +257,7 @@ mod tests {
             );
             let mut begin = vec![0u64; n];
             let end_of = |rungs: &Rungs, begin: &[u64], i: usize| {
-                begin[i] + Timeline::level_ticks(rungs.rung[i])
+                begin[i] + Timeline::level_ticks(rungs.rung()[i])
             };
             let mut ti = 0;
             let end = 6 * TICKS_PER_DT_MAX;
@@ -281,7 +286,7 @@ mod tests {
                     assert_eq!(ending.len(), n, "not everybody synchronised at {ti}");
                 }
                 for &i in &ending {
-                    let old = rungs.rung[i as usize];
+                    let old = rungs.rung()[i as usize];
                     let new = rung_for(&tl, ti, wish(random()), deepest).unwrap();
                     if new < old {
                         assert!(
@@ -293,7 +298,7 @@ mod tests {
                     begin[i as usize] = ti;
                 }
                 let mut model = vec![0u64; deepest as usize + 1];
-                for &r in &rungs.rung {
+                for &r in rungs.rung() {
                     model[r as usize] += 1;
                 }
                 assert_eq!(rungs.histogram(deepest), model);
