@@ -297,10 +297,11 @@ pub fn make_solver<C: Communicator + 'static>(
     })
 }
 
-/// The FMM with its passes on GPU `rank mod devices` of `device`'s machine: on one rank
-/// with the particles resident there (`GpuSolver`); on several, the distributed FMM with its
-/// passes on each rank's GPU (tree, lists and the LET's cells on the host, its payload
-/// from GPU to GPU).
+/// The FMM with its passes on GPU `rank mod devices` of `device`'s machine, with the
+/// particles resident there: on one rank `GpuSolver`; on several, the distributed FMM with
+/// its passes on each rank's GPU (`GpuRank`: the decomposition, tree, lists and the LET's
+/// cells on the host from the positions brought down each step, the LET's payload from GPU
+/// to GPU).
 #[cfg(feature = "cuda")]
 fn gpu_solver<C: Communicator + 'static>(
     comm: C,
@@ -327,7 +328,7 @@ fn gpu_solver<C: Communicator + 'static>(
         FmmSolver::new(settings, None).with_backend("cuda"),
         Some(presets),
     )
-    .with_device(Box::new(gpu));
+    .with_device(Box::new(crate::gpu::rank::GpuRank::new(gpu)));
     let route = match link {
         Ok(true) => "through NCCL",
         Ok(false) => "through the host (the ranks share GPUs, or there is no NCCL library)",

@@ -370,6 +370,20 @@ fn block_steps_and_two_thread_ranks_on_the_emulated_gpus_follow_the_cpu() {
         gpus.contains("the LET payload moves between the GPUs through NCCL"),
         "{gpus}"
     );
+    // Each rank's particles stay on its GPU; particles moved between the ranks (the
+    // domains rebalance on the work measured), so the devices' migration ran.
+    assert!(
+        gpus.contains("the particles stay on the device between steps"),
+        "{gpus}"
+    );
+    let migrated = |name: &str| -> f64 {
+        let file = d.join("runs").join(name).join("diagnostics.csv");
+        Diagnostics::read(&file)
+            .column("rank_migrated")
+            .iter()
+            .sum()
+    };
+    assert!(migrated("ranks_gpu") > 0.0, "no particle changed ranks");
     run(
         d,
         &galaxy_run(d, &ics, "ranks_cpu", exact, ""),
@@ -377,6 +391,37 @@ fn block_steps_and_two_thread_ranks_on_the_emulated_gpus_follow_the_cpu() {
         2,
     );
     assert_close_runs(d, "ranks_gpu", "ranks_cpu", 5e-8);
+    // The same run with each launch's blocks and threads shuffled: the same bits.
+    run_scheduled(
+        d,
+        &galaxy_run(d, &ics, "ranks_again", "", ""),
+        &[&two[..], &["cuda"]].concat(),
+        2,
+        "shuffled",
+    );
+    assert!(
+        last_snapshot(d, "ranks_gpu") == last_snapshot(d, "ranks_again"),
+        "two runs on two devices differ (the second with its blocks and threads shuffled)"
+    );
+    // Block steps on two ranks: sub-steps on the active particles kept on each GPU, and
+    // at each cycle's end a full evaluation that moves particles (their rungs with them).
+    run(
+        d,
+        &galaxy_run(d, &ics, "block_ranks_gpu", "", block),
+        &[&two[..], &["cuda"]].concat(),
+        2,
+    );
+    run(
+        d,
+        &galaxy_run(d, &ics, "block_ranks_cpu", exact, block),
+        &[&two[..], &["cpu"]].concat(),
+        2,
+    );
+    assert!(
+        migrated("block_ranks_gpu") > 0.0,
+        "no particle changed ranks"
+    );
+    assert_close_runs(d, "block_ranks_gpu", "block_ranks_cpu", 5e-8);
 }
 
 #[test]

@@ -248,6 +248,8 @@ fn every_launch_matches_its_kernels_signature() {
         ("which", "retry"),
         ("out", "acc"),
         ("by", "vel"),
+        ("from", "acc"),
+        ("to", "acc"),
         ("m2l_spans", "m2l_spans"),
         ("p2p_spans", "p2p_spans"),
         ("m2l_sources", "m2l_sources"),

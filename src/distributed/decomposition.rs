@@ -29,6 +29,11 @@ impl Domains {
             .saturating_sub(1)
             .min(self.splitters.len() - 2)
     }
+
+    /// The rank owning each of `keys`.
+    pub fn owners(&self, keys: &[u64]) -> Vec<usize> {
+        keys.par_iter().map(|&key| self.owner(key)).collect()
+    }
 }
 
 /// The cube around every rank's particles.
@@ -162,16 +167,14 @@ fn component_code(c: Component) -> u64 {
     Component::ALL.iter().position(|&x| x == c).unwrap_or(3) as u64
 }
 
-/// Moves every particle (with its work) to the rank owning its key (`keys[i]`, particle i's
-/// key in `domains.cube`, as `balance` had them). Particles that stay
-/// keep their order (and their accelerations and potentials); the arrivals follow, by source
+/// Moves every particle (with its work) to its owner (`owners[i]`, particle i's rank from
+/// `Domains::owners` of the keys `balance` had). Particles that stay keep their order (and their accelerations and potentials); the arrivals follow, by source
 /// rank, then in the source's order, with zero accelerations and potentials until the next
 /// evaluation: deterministic. Velocities and block-scheme rungs are kept when any rank has
 /// them. Returns how many left.
 pub fn migrate(
     comm: &dyn Communicator,
-    domains: &Domains,
-    keys: &[u64],
+    owners: &[usize],
     p: &mut Particles,
     work: &mut Vec<f64>,
 ) -> Result<usize, CommError> {
@@ -183,7 +186,6 @@ pub fn migrate(
         &[u64::from(!p.vel.is_empty()), u64::from(!p.rung.is_empty())],
     )?;
     let (has_vel, has_rung) = (has[0] > 0, has[1] > 0);
-    let owners: Vec<usize> = keys.par_iter().map(|&key| domains.owner(key)).collect();
     let mut outgoing: Vec<Vec<Record>> = vec![Vec::new(); comm.size()];
     for (i, &owner) in owners.iter().enumerate() {
         if owner != me {
@@ -302,7 +304,7 @@ mod tests {
                 let splitters = balance(c, &keys, &vec![0.0; keys.len()])?;
                 let domains = Domains { cube, splitters };
                 let mut work = vec![1.0; p.len()];
-                migrate(c, &domains, &keys, &mut p, &mut work)?;
+                migrate(c, &domains.owners(&keys), &mut p, &mut work)?;
                 let owned_ok = p
                     .pos
                     .iter()

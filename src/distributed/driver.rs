@@ -17,10 +17,15 @@ use super::payload::{Landing, PayloadRoutes};
 use crate::fmm::caps::{CapKind, Caps, CapsTracker};
 use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::presets::PresetsStore;
-use crate::fmm::solver::{DevicePasses, Evaluation, FmmStats, RemoteSource, RemoteTree};
+use crate::fmm::solver::{
+    DevicePasses, Evaluation, FmmStats, RemoteSource, RemoteTree, ResidentPasses,
+};
 use crate::fmm::tree::Tree;
 use crate::fmm::{FmmSettings, FmmSolver};
-use crate::gravity::{ForceReport, GravityError, GravitySolver, SolverStat, check_finite};
+use crate::gravity::{
+    ForceReport, GravityError, GravitySolver, ResidentState, SolverStat, active_flags, check_finite,
+};
+use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
 use bytemuck::{Pod, Zeroable};
 use rayon::prelude::*;
@@ -363,6 +368,20 @@ impl<C: Communicator> DistributedFmm<C> {
         particles: &mut Particles,
         active: Option<&[bool]>,
     ) -> Result<RankStats, GravityError> {
+        self.evaluate_where(particles, active, false)
+    }
+
+    /// `evaluate`, with `resident` on the particles kept on the device
+    /// (`ResidentPasses`): `particles` holds their positions as the device has them now,
+    /// and their ids, masses and components; the leaving particles' velocities come down
+    /// for the migration, the device arranges the rank's new set as `migrate` arranges
+    /// `particles`, and the forces stay there.
+    fn evaluate_where(
+        &mut self,
+        particles: &mut Particles,
+        active: Option<&[bool]>,
+        resident: bool,
+    ) -> Result<RankStats, GravityError> {
         let comm: &dyn Communicator = &self.comm;
         let t0 = Instant::now();
         let cube = global_cube(comm, &particles.pos).map_err(comm_err)?;
@@ -382,9 +401,22 @@ impl<C: Communicator> DistributedFmm<C> {
                 self.work = vec![0.0; particles.len()];
             }
             let splitters = balance(comm, &keys, &self.work).map_err(comm_err)?;
-            let domains = Domains { cube, splitters };
-            migrated =
-                migrate(comm, &domains, &keys, particles, &mut self.work).map_err(comm_err)?;
+            let owners = Domains { cube, splitters }.owners(&keys);
+            let me = comm.rank();
+            let rows = |stay: bool| -> Vec<u32> {
+                (0..owners.len() as u32)
+                    .filter(|&i| (owners[i as usize] == me) == stay)
+                    .collect()
+            };
+            if resident {
+                particles.vel.resize(particles.len(), [0.0; 3]);
+                resident_passes(&mut self.device)?.velocities(&rows(false), &mut particles.vel)?;
+            }
+            migrated = migrate(comm, &owners, particles, &mut self.work).map_err(comm_err)?;
+            let stays = rows(true);
+            if resident && (stays.len() != owners.len() || particles.len() != owners.len()) {
+                resident_passes(&mut self.device)?.migrate(&stays, particles)?;
+            }
         }
         let decomposition_s = t0.elapsed().as_secs_f64();
         let n = particles.len();
@@ -431,7 +463,7 @@ impl<C: Communicator> DistributedFmm<C> {
                         .plan_with(&particles.pos, &particles.mass, &particles.id, with)?;
                 let caps = self.solver.caps().unwrap_or_default();
                 let force = (settings.softening, settings.g);
-                let (plan, forces) = match &exchange.routes {
+                let plan = match &exchange.routes {
                     Some(routes) => {
                         // The devices move the payload together (NCCL would wait for a
                         // rank that gave up): all go on, or every rank stops here.
@@ -450,23 +482,33 @@ impl<C: Communicator> DistributedFmm<C> {
                                 "another rank could not run its passes on its device".into(),
                             ));
                         }
-                        let forces =
-                            device.run_passes_with_payload(&plan, &caps, force, routes, comm)?;
-                        (plan, forces)
+                        plan
                     }
-                    None => {
-                        let plan = self.solver.device_plan()?;
-                        let forces = device.run_passes(&plan, &caps, force.0, force.1)?;
-                        (plan, forces)
+                    None => self.solver.device_plan()?,
+                };
+                let payload = exchange.routes.as_ref().map(|routes| (routes, comm));
+                let seconds = match (resident, payload) {
+                    (true, payload) => device
+                        .resident()
+                        .ok_or_else(not_resident)?
+                        .run_passes_resident(&plan, &caps, force, payload)?,
+                    (false, payload) => {
+                        let forces = match payload {
+                            Some((routes, comm)) => {
+                                device.run_passes_with_payload(&plan, &caps, force, routes, comm)?
+                            }
+                            None => device.run_passes(&plan, &caps, force.0, force.1)?,
+                        };
+                        forces.write_to(
+                            plan.order_of,
+                            active,
+                            &mut particles.acc,
+                            &mut particles.pot,
+                        );
+                        forces.seconds
                     }
                 };
-                forces.write_to(
-                    plan.order_of,
-                    active,
-                    &mut particles.acc,
-                    &mut particles.pot,
-                );
-                forces.seconds.add_to(&mut stats);
+                seconds.add_to(&mut stats);
                 stats.p2p_interactions = plan.p2p_interactions();
                 stats
             }
@@ -627,19 +669,39 @@ impl RankStats {
     }
 }
 
+/// The device of a distributed solver as the keeper of its rank's particles.
+fn resident_passes(
+    device: &mut Option<Box<dyn DevicePasses>>,
+) -> Result<&mut dyn ResidentPasses, GravityError> {
+    device
+        .as_mut()
+        .and_then(|d| d.resident())
+        .ok_or_else(not_resident)
+}
+
+/// Using the resident path of a solver whose device does not keep particles.
+fn not_resident() -> GravityError {
+    GravityError::Device("this solver's device does not keep the particles".into())
+}
+
 impl<C: Communicator + 'static> DistributedFmm<C> {
-    /// `compute` or `compute_active`: the evaluation with its figures as a report.
+    /// `compute` or `compute_active`: the evaluation with its figures as a report; with
+    /// `resident`, of the particles kept on the device (their positions come down first).
     fn compute_some(
         &mut self,
         particles: &mut Particles,
         active: Option<&[bool]>,
+        resident: bool,
     ) -> Result<ForceReport, GravityError> {
+        let start = Instant::now();
+        if resident {
+            resident_passes(&mut self.device)?.positions(&mut particles.pos)?;
+        }
         if let Err(e) = check_finite(particles) {
             self.comm.abort(&e.to_string());
             return Err(e);
         }
-        let start = Instant::now();
-        let s = self.evaluate(particles, active)?;
+        let s = self.evaluate_where(particles, active, resident)?;
         let mut stats = s.fmm.solver_stats();
         stats.extend(s.solver_stats());
         Ok(ForceReport {
@@ -659,7 +721,7 @@ impl<C: Communicator + 'static> GravitySolver for DistributedFmm<C> {
     }
 
     fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
-        self.compute_some(particles, None)
+        self.compute_some(particles, None, false)
     }
 
     fn compute_active(
@@ -667,7 +729,7 @@ impl<C: Communicator + 'static> GravitySolver for DistributedFmm<C> {
         particles: &mut Particles,
         active: &[bool],
     ) -> Result<ForceReport, GravityError> {
-        self.compute_some(particles, Some(active))
+        self.compute_some(particles, Some(active), false)
     }
 
     fn stat_names(&self) -> Vec<&'static str> {
@@ -701,6 +763,72 @@ impl<C: Communicator + 'static> GravitySolver for DistributedFmm<C> {
 
     fn set_decomposition_work(&mut self, work: Vec<f64>) {
         self.work = work;
+    }
+
+    /// The particles stay on the rank's device when it can keep them and moves the LET
+    /// payload itself (then the plan's own positions are the device's exactly: none are
+    /// rounded for the wire).
+    fn resident(&mut self) -> Option<&mut dyn ResidentState> {
+        let keeps = self
+            .device
+            .as_mut()
+            .is_some_and(|d| d.moves_payload() && d.resident().is_some());
+        if keeps { Some(self) } else { None }
+    }
+}
+
+/// The distributed FMM with its rank's particles on its device (`ResidentPasses`): the
+/// integrator's operations go to the device; an evaluation brings the positions down for
+/// the host's decomposition, tree and LET (`evaluate_where`).
+impl<C: Communicator + 'static> ResidentState for DistributedFmm<C> {
+    fn load(&mut self, particles: &Particles) -> Result<(), GravityError> {
+        resident_passes(&mut self.device)?.load(particles)
+    }
+
+    fn kick(&mut self, h: f64) -> Result<(), GravityError> {
+        resident_passes(&mut self.device)?.kick(h)
+    }
+
+    fn drift(&mut self, h: f64) -> Result<(), GravityError> {
+        resident_passes(&mut self.device)?.drift(h)
+    }
+
+    fn compute(&mut self, particles: &mut Particles) -> Result<ForceReport, GravityError> {
+        self.compute_some(particles, None, true)
+    }
+
+    fn compute_active(
+        &mut self,
+        particles: &mut Particles,
+        active: &[u32],
+    ) -> Result<ForceReport, GravityError> {
+        let flags = active_flags(active, particles.len());
+        self.compute_some(particles, Some(&flags), true)
+    }
+
+    fn kick_each(&mut self, rows: Option<&[u32]>, h: &[f64]) -> Result<(), GravityError> {
+        resident_passes(&mut self.device)?.kick_each(rows, h)
+    }
+
+    fn accelerations(
+        &mut self,
+        particles: &mut Particles,
+        only: Option<&[u32]>,
+    ) -> Result<(), GravityError> {
+        particles.acc.resize(particles.len(), [0.0; 3]);
+        resident_passes(&mut self.device)?.accelerations(&mut particles.acc, only)
+    }
+
+    fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], GravityError> {
+        resident_passes(&mut self.device)?.max_acceleration_by_component()
+    }
+
+    fn conserved_sums(&mut self) -> Result<[f64; CONSERVED_SUMS], GravityError> {
+        resident_passes(&mut self.device)?.conserved_sums()
+    }
+
+    fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError> {
+        resident_passes(&mut self.device)?.store(particles)
     }
 }
 

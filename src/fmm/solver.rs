@@ -1377,6 +1377,72 @@ pub trait DevicePasses: Send {
             "this device does not move a LET payload".into(),
         ))
     }
+
+    /// The device as the keeper of its rank's particles between evaluations, when it can be.
+    fn resident(&mut self) -> Option<&mut dyn ResidentPasses> {
+        None
+    }
+}
+
+/// A device that keeps one rank's particles between a distributed run's evaluations
+/// (design §7): the integrator's operations run there (as `ResidentState`'s); at each
+/// evaluation the positions come down for the host's decomposition, tree and walk, the
+/// velocities of the particles leaving the rank come down too, the rank's new set is
+/// arranged there as `distributed::decomposition::migrate` arranges the host's, and the
+/// passes read the positions and masses there and leave the forces there.
+pub trait ResidentPasses: Send {
+    /// Takes `particles` onto the device (their order is the device's from now on).
+    fn load(&mut self, particles: &Particles) -> Result<(), GravityError>;
+
+    /// `v += a h` there.
+    fn kick(&mut self, h: f64) -> Result<(), GravityError>;
+
+    /// `x += v h` there.
+    fn drift(&mut self, h: f64) -> Result<(), GravityError>;
+
+    /// `v += a h[k]` there for the k-th particle of `rows`, or of all without them.
+    fn kick_each(&mut self, rows: Option<&[u32]>, h: &[f64]) -> Result<(), GravityError>;
+
+    /// The accelerations there into `acc`, or with `only` those of the listed particles.
+    fn accelerations(
+        &mut self,
+        acc: &mut [[f64; 3]],
+        only: Option<&[u32]>,
+    ) -> Result<(), GravityError>;
+
+    /// The largest |a| of each component's particles there.
+    fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], GravityError>;
+
+    /// The sums behind the diagnostics' conserved quantities of the particles there.
+    fn conserved_sums(
+        &mut self,
+    ) -> Result<[f64; crate::integrate::diagnostics::CONSERVED_SUMS], GravityError>;
+
+    /// Positions, velocities, accelerations and potentials back into `particles`.
+    fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError>;
+
+    /// The positions there into `pos`.
+    fn positions(&mut self, pos: &mut [[f64; 3]]) -> Result<(), GravityError>;
+
+    /// The velocities of the particles of `rows` into those rows of `vel` (the particles
+    /// about to leave the rank; the other rows stay as they were).
+    fn velocities(&mut self, rows: &[u32], vel: &mut [[f64; 3]]) -> Result<(), GravityError>;
+
+    /// The rank's new set after `migrate`: the particles of `stays` (rows, in order) keep
+    /// their state there, and `particles`' rows after them (the arrivals) come up with
+    /// zero accelerations and potentials.
+    fn migrate(&mut self, stays: &[u32], particles: &Particles) -> Result<(), GravityError>;
+
+    /// The passes of `plan` (its own particles those there, gathered into tree order; the
+    /// other ranks' from the plan, or moved by the devices with `payload`, as in
+    /// `DevicePasses::run_passes_with_payload`), with the forces left there.
+    fn run_passes_resident(
+        &mut self,
+        plan: &DevicePlan,
+        caps: &Caps,
+        force: (Softening, f64),
+        payload: Option<(&PayloadRoutes, &dyn Communicator)>,
+    ) -> Result<DeviceSeconds, GravityError>;
 }
 
 /// Diagnostics columns of an FMM evaluation: (name, summed between rows).

@@ -816,7 +816,7 @@ impl GpuFmm {
         softening: Softening,
         g: f64,
     ) -> Result<DeviceForces, GpuError> {
-        self.evaluate_moving(plan, caps, (softening, g), None)
+        self.evaluate_moving(plan, caps, (softening, g), None, None)
     }
 
     /// `evaluate`, and with `payload` (a distributed plan whose other ranks' multipoles,
@@ -824,25 +824,53 @@ impl GpuFmm {
     /// gathers what `routes` sends each rank from its plan, and what the others send lands
     /// in its plan's buffers, through NCCL when the ranks are linked, else through the host
     /// communicator (all ranks call this together; its seconds count as upload's).
-    fn evaluate_moving(
+    /// With `state` (a distributed run's rank's particles, `super::rank::GpuRank`), the own
+    /// particles' positions and masses are gathered from it into tree order, not sent, and
+    /// their forces scattered back into it: the forces returned are then empty.
+    pub(super) fn evaluate_moving(
         &mut self,
         plan: &DevicePlan,
         caps: &Caps,
         (softening, g): (Softening, f64),
         payload: Option<(&PayloadRoutes, &dyn Communicator)>,
+        state: Option<&mut DeviceState>,
     ) -> Result<DeviceForces, GpuError> {
-        if plan.pos.len() != plan.particles() || plan.device_lists.is_some() {
+        let (n, all) = (plan.own_particles, plan.particles());
+        if plan.pos.len() != all || plan.device_lists.is_some() {
             return Err(GpuError::Unsupported(
                 "a plan without positions or lists needs the particles on the device".into(),
             ));
+        }
+        if let Some(state) = &state
+            && (state.n != n || plan.order_of.len() != n)
+        {
+            return Err(GpuError::Unsupported(format!(
+                "a plan for {n} own particles on a device state of {}",
+                state.n
+            )));
         }
         let mut secs = DeviceSeconds::default();
         let t = Instant::now();
         let stream = self.stream.clone();
         let b = upload_plan(&stream, &mut self.buffers, plan, caps, None)?;
         b.leaf_of.upload(&stream, &plan.leaf_of)?;
-        b.pos.upload(&stream, plan.pos.as_flattened())?;
-        b.mass.upload(&stream, plan.mass)?;
+        match state.as_deref() {
+            None => {
+                b.pos.upload(&stream, plan.pos.as_flattened())?;
+                b.mass.upload(&stream, plan.mass)?;
+            }
+            Some(state) => {
+                b.order_of.upload(&stream, plan.order_of)?;
+                gather_tree_order(&self.kernels, &stream, state, b)?;
+                // The other ranks' particles: from the plan, unless the devices move them.
+                if payload.is_none() && all > n {
+                    let mut pos = b.pos.buf.slice_mut(3 * n..3 * all);
+                    stream.memcpy_htod(plan.pos[n..].as_flattened(), &mut pos)?;
+                    let mut mass = b.mass.buf.slice_mut(n..all);
+                    stream.memcpy_htod(&plan.mass[n..], &mut mass)?;
+                }
+            }
+        }
         stream.synchronize()?;
         secs.upload = t.elapsed().as_secs_f64();
         if plan.upward_on_device {
@@ -874,11 +902,19 @@ impl GpuFmm {
             &mut secs,
         )?;
         let t = Instant::now();
-        let n = plan.own_particles;
-        let (mut acc, mut pot) = (vec![[0.0; 3]; n], vec![0.0; n]);
-        let stage = &mut self.stage;
-        stage.download(&stream, &b.acc.buf.slice(0..3 * n), acc.as_flattened_mut())?;
-        stage.download(&stream, &b.pot.buf.slice(0..n), &mut pot)?;
+        let (mut acc, mut pot) = (Vec::new(), Vec::new());
+        match state {
+            Some(state) => {
+                scatter_forces(&self.kernels, &stream, b, state)?;
+                stream.synchronize()?;
+            }
+            None => {
+                (acc, pot) = (vec![[0.0; 3]; n], vec![0.0; n]);
+                let stage = &mut self.stage;
+                stage.download(&stream, &b.acc.buf.slice(0..3 * n), acc.as_flattened_mut())?;
+                stage.download(&stream, &b.pot.buf.slice(0..n), &mut pot)?;
+            }
+        }
         secs.download = t.elapsed().as_secs_f64();
         Ok(DeviceForces {
             acc,
@@ -939,17 +975,7 @@ impl GpuFmm {
                 b.leaf_of.upload(&stream, &plan.leaf_of)?;
             }
         }
-        let n32 = n as u32;
-        let mut launch = stream.launch_builder(&self.kernels.gather);
-        launch
-            .arg(&state.pos)
-            .arg(&state.mass)
-            .arg(&b.order_of.buf)
-            .arg(&n32)
-            .arg(&mut b.pos.buf)
-            .arg(&mut b.mass.buf);
-        // SAFETY: the arguments match gather_tree_order's signature; every buffer holds n.
-        unsafe { launch.launch(grid(n)) }?;
+        gather_tree_order(&self.kernels, &stream, state, b)?;
         stream.synchronize()?;
         secs.upload = t.elapsed().as_secs_f64();
         let walked = match (plan.device_lists, &self.walking) {
@@ -974,16 +1000,7 @@ impl GpuFmm {
             &mut secs,
         )?;
         let t = Instant::now();
-        let mut launch = stream.launch_builder(&self.kernels.scatter);
-        launch
-            .arg(&b.acc.buf)
-            .arg(&b.pot.buf)
-            .arg(&b.order_of.buf)
-            .arg(&n32)
-            .arg(&mut state.acc)
-            .arg(&mut state.pot);
-        // SAFETY: as above, for scatter_forces.
-        unsafe { launch.launch(grid(n)) }?;
+        scatter_forces(&self.kernels, &stream, b, state)?;
         stream.synchronize()?;
         secs.download = t.elapsed().as_secs_f64();
         Ok(secs)
@@ -992,42 +1009,129 @@ impl GpuFmm {
     /// The particles' state on the device: positions, velocities, masses, accelerations
     /// and components of `particles` (their order).
     pub fn load_state(&self, particles: &Particles) -> Result<DeviceState, GpuError> {
+        let n = particles.len();
+        let mut state = self.alloc_state(n)?;
+        self.upload_rows(&mut state, particles, 0)?;
+        if particles.acc.len() == n && n > 0 {
+            self.stream
+                .memcpy_htod(&flat(&particles.acc), &mut state.acc)?;
+        }
+        if particles.pot.len() == n && n > 0 {
+            self.stream.memcpy_htod(&particles.pot, &mut state.pot)?;
+        }
+        Ok(state)
+    }
+
+    /// A state of `n` particles, all zero.
+    fn alloc_state(&self, n: usize) -> Result<DeviceState, GpuError> {
+        let stream = &self.stream;
+        let [pos, vel, mass, acc, pot, block_max, partial] = resident_f64_counts(n);
+        let zeros = |count: usize| stream.alloc_zeros::<f64>(count.max(1));
+        Ok(DeviceState {
+            n,
+            pos: zeros(pos)?,
+            vel: zeros(vel)?,
+            mass: zeros(mass)?,
+            acc: zeros(acc)?,
+            pot: zeros(pot)?,
+            block_max: zeros(block_max)?,
+            partial: zeros(partial)?,
+            component: stream.alloc_zeros::<u8>(n.max(1))?,
+            id: stream.alloc_zeros::<u64>(n.max(1))?,
+            steps: Reused::new(stream, 0)?,
+            rows: Reused::new(stream, 0)?,
+            picked: Reused::new(stream, 0)?,
+        })
+    }
+
+    /// The positions, velocities (when `particles` has them) and masses of the rows
+    /// `first..` of `particles` into the same rows of `state` (its other rows stay as
+    /// they are), and the ids and components of all its rows.
+    fn upload_rows(
+        &self,
+        state: &mut DeviceState,
+        particles: &Particles,
+        first: usize,
+    ) -> Result<(), GpuError> {
         let stream = &self.stream;
         let n = particles.len();
-        let [pos, vel, mass, acc, pot, block_max, partial] = resident_f64_counts(n);
-        let upload = |data: Vec<f64>, count: usize| -> Result<CudaSlice<f64>, GpuError> {
-            let mut buf = stream.alloc_zeros::<f64>(count.max(1))?;
-            if !data.is_empty() {
-                stream.memcpy_htod(&data, &mut buf)?;
+        if state.n != n || first > n {
+            return Err(GpuError::Unsupported(format!(
+                "rows {first}.. of {n} particles into a device state of {}",
+                state.n
+            )));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        if first < n {
+            let pos = flat(&particles.pos[first..]);
+            stream.memcpy_htod(&pos, &mut state.pos.slice_mut(3 * first..3 * n))?;
+            if particles.vel.len() == n {
+                let vel = flat(&particles.vel[first..]);
+                stream.memcpy_htod(&vel, &mut state.vel.slice_mut(3 * first..3 * n))?;
             }
-            Ok(buf)
-        };
+            let mass = &particles.mass[first..];
+            stream.memcpy_htod(mass, &mut state.mass.slice_mut(first..n))?;
+        }
         let component: Vec<u8> = particles
             .component
             .iter()
             .map(|c| c.index() as u8)
             .collect();
-        let mut component_buf = stream.alloc_zeros::<u8>(n.max(1))?;
-        let mut id = stream.alloc_zeros::<u64>(n.max(1))?;
-        if n > 0 {
-            stream.memcpy_htod(&component, &mut component_buf)?;
-            stream.memcpy_htod(&particles.id, &mut id)?;
+        stream.memcpy_htod(&component, &mut state.component)?;
+        stream.memcpy_htod(&particles.id, &mut state.id)?;
+        Ok(())
+    }
+
+    /// `state` as the rank's new set `particles` after a migration
+    /// (`distributed::decomposition::migrate`): the particles of `stays` (rows of `state`,
+    /// in order) keep their positions, velocities, masses, accelerations and potentials,
+    /// gathered on the device (4 bytes a row go up); the arrivals, the rows of `particles`
+    /// after them, come up with zero accelerations and potentials (the host's copy of
+    /// theirs is the device's); the ids and components of all come up from `particles`.
+    pub fn migrate_state(
+        &self,
+        state: &mut DeviceState,
+        stays: &[u32],
+        particles: &Particles,
+    ) -> Result<(), GpuError> {
+        let (kept, n) = (stays.len(), particles.len());
+        if kept > n || stays.iter().any(|&i| i as usize >= state.n) {
+            return Err(GpuError::Unsupported(format!(
+                "{kept} of {} particles on the device kept in a set of {n}",
+                state.n
+            )));
         }
-        Ok(DeviceState {
-            n,
-            pos: upload(flat(&particles.pos), pos)?,
-            vel: upload(flat(&particles.vel), vel)?,
-            mass: upload(particles.mass.clone(), mass)?,
-            acc: upload(flat(&particles.acc), acc)?,
-            pot: upload(particles.pot.clone(), pot)?,
-            block_max: stream.alloc_zeros::<f64>(block_max)?,
-            partial: stream.alloc_zeros::<f64>(partial)?,
-            component: component_buf,
-            id,
-            steps: Reused::new(stream, 0)?,
-            rows: Reused::new(stream, 0)?,
-            picked: Reused::new(stream, 0)?,
-        })
+        let stream = self.stream.clone();
+        let mut next = self.alloc_state(n)?;
+        if kept > 0 {
+            state.rows.room(&stream, kept)?;
+            state.rows.upload(&stream, stays)?;
+            let count = kept as u32;
+            for (from, to, width) in [
+                (&state.pos, &mut next.pos, 3u32),
+                (&state.vel, &mut next.vel, 3),
+                (&state.mass, &mut next.mass, 1),
+                (&state.acc, &mut next.acc, 3),
+                (&state.pot, &mut next.pot, 1),
+            ] {
+                let mut launch = stream.launch_builder(&self.kernels.gather_rows);
+                launch
+                    .arg(from)
+                    .arg(&state.rows.buf)
+                    .arg(&count)
+                    .arg(&width)
+                    .arg(to);
+                // SAFETY: the arguments match gather_rows's signature; every row is a
+                // particle of `state`, and `to` holds `width` values for each of n >= kept.
+                unsafe { launch.launch(grid(kept * width as usize)) }?;
+            }
+        }
+        self.upload_rows(&mut next, particles, kept)?;
+        stream.synchronize()?;
+        *state = next;
+        Ok(())
     }
 
     /// `v += a dt` on the device.
@@ -1943,35 +2047,81 @@ impl GpuFmm {
                 acc.len()
             )));
         }
-        let Some(rows) = only else {
-            let all = acc.as_flattened_mut();
-            return self
-                .stage
-                .download(&self.stream, &state.acc.slice(0..3 * n), all);
-        };
+        match only {
+            None => {
+                let all = acc.as_flattened_mut();
+                self.stage
+                    .download(&self.stream, &state.acc.slice(0..3 * n), all)
+            }
+            Some(rows) => {
+                let DeviceState {
+                    acc: from,
+                    rows: index,
+                    picked,
+                    ..
+                } = state;
+                self.download_rows(from, rows, index, picked, acc)
+            }
+        }
+    }
+
+    /// Copies the velocities of the particles of `rows` of `state` into those rows of
+    /// `vel` (gathered on the device: the particles about to leave a rank).
+    pub fn velocities(
+        &mut self,
+        state: &mut DeviceState,
+        rows: &[u32],
+        vel: &mut [[f64; 3]],
+    ) -> Result<(), GpuError> {
+        let n = state.n;
+        if vel.len() != n || rows.iter().any(|&i| i as usize >= n) {
+            return Err(GpuError::Unsupported(format!(
+                "velocities of {n} particles into {}, or of rows beyond them",
+                vel.len()
+            )));
+        }
+        let DeviceState {
+            vel: from,
+            rows: index,
+            picked,
+            ..
+        } = state;
+        self.download_rows(from, rows, index, picked, vel)
+    }
+
+    /// The 3-vectors of `rows` of a state's column `from` into those rows of `out`,
+    /// gathered on the device (through the state's `index` and `picked` buffers).
+    fn download_rows(
+        &mut self,
+        from: &CudaSlice<f64>,
+        rows: &[u32],
+        index: &mut Reused<u32>,
+        picked: &mut Reused<f64>,
+        out: &mut [[f64; 3]],
+    ) -> Result<(), GpuError> {
         if rows.is_empty() {
             return Ok(());
         }
         let stream = self.stream.clone();
-        state.rows.room(&stream, rows.len())?;
-        state.rows.upload(&stream, rows)?;
-        state.picked.room(&stream, 3 * rows.len())?;
+        index.room(&stream, rows.len())?;
+        index.upload(&stream, rows)?;
+        picked.room(&stream, 3 * rows.len())?;
         let (count, width) = (rows.len() as u32, 3u32);
         let mut launch = stream.launch_builder(&self.kernels.gather_rows);
         launch
-            .arg(&state.acc)
-            .arg(&state.rows.buf)
+            .arg(from)
+            .arg(&index.buf)
             .arg(&count)
             .arg(&width)
-            .arg(&mut state.picked.buf);
+            .arg(&mut picked.buf);
         // SAFETY: the arguments match gather_rows's signature; `picked` holds 3 values a
-        // row and every row is a particle of the state.
+        // row and every row is a particle of the state (the callers check).
         unsafe { launch.launch(grid(3 * rows.len())) }?;
         let mut values = vec![0.0; 3 * rows.len()];
-        let picked = state.picked.buf.slice(0..3 * rows.len());
-        self.stage.download(&stream, &picked, &mut values)?;
-        for (&i, a) in rows.iter().zip(values.chunks_exact(3)) {
-            acc[i as usize] = [a[0], a[1], a[2]];
+        let gathered = picked.buf.slice(0..3 * rows.len());
+        self.stage.download(&stream, &gathered, &mut values)?;
+        for (&i, v) in rows.iter().zip(values.chunks_exact(3)) {
+            out[i as usize] = [v[0], v[1], v[2]];
         }
         Ok(())
     }
@@ -2225,6 +2375,52 @@ fn run_passes(
     Ok(())
 }
 
+/// The positions and masses of the particles of `state` into the plan buffers, in the
+/// tree order of `b.order_of` (its first `state.n` entries, a permutation of the state's
+/// rows).
+fn gather_tree_order(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    state: &DeviceState,
+    b: &mut Buffers,
+) -> Result<(), GpuError> {
+    let n32 = state.n as u32;
+    let mut launch = stream.launch_builder(&kernels.gather);
+    launch
+        .arg(&state.pos)
+        .arg(&state.mass)
+        .arg(&b.order_of.buf)
+        .arg(&n32)
+        .arg(&mut b.pos.buf)
+        .arg(&mut b.mass.buf);
+    // SAFETY: the arguments match gather_tree_order's signature; the state and the order
+    // hold n particles, the plan's buffers at least n.
+    unsafe { launch.launch(grid(state.n)) }?;
+    Ok(())
+}
+
+/// The forces of the plan buffers' first `state.n` particles (tree order) back into the
+/// rows of `state` that `b.order_of` names.
+fn scatter_forces(
+    kernels: &Kernels,
+    stream: &Arc<CudaStream>,
+    b: &Buffers,
+    state: &mut DeviceState,
+) -> Result<(), GpuError> {
+    let n32 = state.n as u32;
+    let mut launch = stream.launch_builder(&kernels.scatter);
+    launch
+        .arg(&b.acc.buf)
+        .arg(&b.pot.buf)
+        .arg(&b.order_of.buf)
+        .arg(&n32)
+        .arg(&mut state.acc)
+        .arg(&mut state.pot);
+    // SAFETY: the arguments match scatter_forces's signature; as above.
+    unsafe { launch.launch(grid(state.n)) }?;
+    Ok(())
+}
+
 /// P2M at the leaves and M2M level by level towards the root, on the device.
 fn upward_pass(
     k: &Kernels,
@@ -2408,7 +2604,7 @@ impl DevicePasses for GpuFmm {
         routes: &PayloadRoutes,
         comm: &dyn Communicator,
     ) -> Result<DeviceForces, GravityError> {
-        self.evaluate_moving(plan, caps, force, Some((routes, comm)))
+        self.evaluate_moving(plan, caps, force, Some((routes, comm)), None)
             .map_err(|e| GravityError::Device(e.to_string()))
     }
 }

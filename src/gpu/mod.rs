@@ -11,6 +11,8 @@ pub mod nccl;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
+pub mod rank;
+#[cfg(feature = "cuda")]
 pub mod solver;
 pub mod sort;
 

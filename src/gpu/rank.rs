@@ -1,0 +1,158 @@
+//! One rank of a distributed run on its GPU (design §7): the distributed FMM's passes run
+//! there (`DevicePasses`), and the rank's particles stay there between evaluations
+//! (`ResidentPasses`). The host keeps the ids, masses and components (which never change
+//! on the device), and each evaluation brings the positions down for the decomposition,
+//! the tree, the walk and the LET; a migration brings down only the leaving particles'
+//! velocities and rearranges the rest on the device.
+
+use super::device::{DeviceState, GpuError, GpuFmm};
+use crate::distributed::comm::Communicator;
+use crate::distributed::payload::PayloadRoutes;
+use crate::fmm::caps::Caps;
+use crate::fmm::solver::{DeviceForces, DevicePasses, DevicePlan, DeviceSeconds, ResidentPasses};
+use crate::gravity::GravityError;
+use crate::gravity::softening::Softening;
+use crate::integrate::diagnostics::CONSERVED_SUMS;
+use crate::particles::Particles;
+
+/// A rank's GPU, and its particles there once loaded.
+pub struct GpuRank {
+    device: GpuFmm,
+    state: Option<DeviceState>,
+}
+
+impl GpuRank {
+    /// The rank's `device`, with no particles on it yet.
+    pub fn new(device: GpuFmm) -> Self {
+        GpuRank {
+            device,
+            state: None,
+        }
+    }
+
+    /// The device and the loaded state.
+    fn loaded(&mut self) -> Result<(&mut GpuFmm, &mut DeviceState), GravityError> {
+        match &mut self.state {
+            Some(state) => Ok((&mut self.device, state)),
+            None => Err(GravityError::Device(
+                "the particles were not loaded onto the device".into(),
+            )),
+        }
+    }
+}
+
+/// A device failure as the solver's error.
+fn device_error(e: GpuError) -> GravityError {
+    GravityError::Device(e.to_string())
+}
+
+impl DevicePasses for GpuRank {
+    fn run_passes(
+        &mut self,
+        plan: &DevicePlan,
+        caps: &Caps,
+        softening: Softening,
+        g: f64,
+    ) -> Result<DeviceForces, GravityError> {
+        self.device.run_passes(plan, caps, softening, g)
+    }
+
+    fn moves_payload(&self) -> bool {
+        self.device.moves_payload()
+    }
+
+    fn run_passes_with_payload(
+        &mut self,
+        plan: &DevicePlan,
+        caps: &Caps,
+        force: (Softening, f64),
+        routes: &PayloadRoutes,
+        comm: &dyn Communicator,
+    ) -> Result<DeviceForces, GravityError> {
+        self.device
+            .run_passes_with_payload(plan, caps, force, routes, comm)
+    }
+
+    fn resident(&mut self) -> Option<&mut dyn ResidentPasses> {
+        Some(self)
+    }
+}
+
+impl ResidentPasses for GpuRank {
+    fn load(&mut self, particles: &Particles) -> Result<(), GravityError> {
+        self.state = Some(self.device.load_state(particles).map_err(device_error)?);
+        Ok(())
+    }
+
+    fn kick(&mut self, h: f64) -> Result<(), GravityError> {
+        let (device, state) = self.loaded()?;
+        device.kick(state, h).map_err(device_error)
+    }
+
+    fn drift(&mut self, h: f64) -> Result<(), GravityError> {
+        let (device, state) = self.loaded()?;
+        device.drift(state, h).map_err(device_error)
+    }
+
+    fn kick_each(&mut self, rows: Option<&[u32]>, h: &[f64]) -> Result<(), GravityError> {
+        let (device, state) = self.loaded()?;
+        device.kick_each(state, rows, h).map_err(device_error)
+    }
+
+    fn accelerations(
+        &mut self,
+        acc: &mut [[f64; 3]],
+        only: Option<&[u32]>,
+    ) -> Result<(), GravityError> {
+        let (device, state) = self.loaded()?;
+        device.accelerations(state, acc, only).map_err(device_error)
+    }
+
+    fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], GravityError> {
+        let (device, state) = self.loaded()?;
+        device
+            .max_acceleration_by_component(state)
+            .map_err(device_error)
+    }
+
+    fn conserved_sums(&mut self) -> Result<[f64; CONSERVED_SUMS], GravityError> {
+        let (device, state) = self.loaded()?;
+        device.conserved_sums(state).map_err(device_error)
+    }
+
+    fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError> {
+        let (device, state) = self.loaded()?;
+        device.store_state(state, particles).map_err(device_error)
+    }
+
+    fn positions(&mut self, pos: &mut [[f64; 3]]) -> Result<(), GravityError> {
+        let (device, state) = self.loaded()?;
+        device.positions(state, pos).map_err(device_error)
+    }
+
+    fn velocities(&mut self, rows: &[u32], vel: &mut [[f64; 3]]) -> Result<(), GravityError> {
+        let (device, state) = self.loaded()?;
+        device.velocities(state, rows, vel).map_err(device_error)
+    }
+
+    fn migrate(&mut self, stays: &[u32], particles: &Particles) -> Result<(), GravityError> {
+        let (device, state) = self.loaded()?;
+        device
+            .migrate_state(state, stays, particles)
+            .map_err(device_error)
+    }
+
+    fn run_passes_resident(
+        &mut self,
+        plan: &DevicePlan,
+        caps: &Caps,
+        force: (Softening, f64),
+        payload: Option<(&PayloadRoutes, &dyn Communicator)>,
+    ) -> Result<DeviceSeconds, GravityError> {
+        let (device, state) = self.loaded()?;
+        let forces = device
+            .evaluate_moving(plan, caps, force, payload, Some(state))
+            .map_err(device_error)?;
+        Ok(forces.seconds)
+    }
+}
