@@ -27,7 +27,8 @@
 # moments, walk and passes; the host checks the sort's sums and the cells). Last, a run of ~100 adaptive steps on the Milky Way model with backend = cuda (particles
 # resident on the device: kick, drift, time step criterion, diagnostics sums and force
 # passes there) and the same run on the CPU: compare the conservation columns of their
-# diagnostics.csv.
+# diagnostics.csv; then that run on 2 thread ranks sharing the GPU (each rank's particles
+# resident there).
 set -uo pipefail
 DIR=${GPU_CHECK_DIR:-/tmp/gpu-check}
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
@@ -173,7 +174,16 @@ echo "exit status $?"
 tail -4 "$DIR/gpu100.log"
 grep "warning:" "$DIR/gpu100.log" | sort | uniq -c | head -5
 timeout 150 "$BIN" run "$DIR/run_cpu.toml" --backend cpu 2>&1 | tail -2
-for r in gpu100 cpu100; do
+# The same on 2 thread ranks sharing the GPU: each rank's particles kept on it (kick, drift,
+# the migration's new set there; positions down each step for the host's tree and LET), the
+# payload through the host.
+echo "== the same run on 2 thread ranks sharing the GPU (resident state per rank)"
+sed 's/name = "gpu100"/name = "gpu100_ranks"/' "$DIR/run.toml" > "$DIR/run_ranks.toml"
+timeout 150 "$BIN" run "$DIR/run_ranks.toml" --backend cuda --ranks 2 > "$DIR/gpu100_ranks.log" 2>&1
+echo "exit status $?"
+tail -3 "$DIR/gpu100_ranks.log"
+grep "warning:" "$DIR/gpu100_ranks.log" | sort | uniq -c | head -5
+for r in gpu100 gpu100_ranks cpu100; do
     f="$DIR/runs/$r/diagnostics.csv"
     [ -f "$f" ] && { echo "-- $r"; head -1 "$f" | cut -c1-240; tail -1 "$f" | cut -c1-240; }
 done
@@ -199,8 +209,8 @@ awk '$1 == "gpu_big" { for (i = 2; i <= 8; i++) now[i] = $i }
     "$DIR/summary.txt"
 
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
-    cp "$DIR/summary.txt" "$DIR/big.log" "$DIR/big_direct.log" "$DIR/big_baseline.log" "$DIR/gpu100.log" "$DIR"/big_leaf*.log "$DIR"/gpu_block*.log "$OUT/" 2>/dev/null
-    for r in gpu_big gpu_big_direct gpu_big_baseline gpu_block gpu_block_baseline gpu100 cpu100 $(for leaf in ${LEAF_SWEEP-64 256}; do echo "gpu_big_leaf$leaf"; done); do
+    cp "$DIR/summary.txt" "$DIR/big.log" "$DIR/big_direct.log" "$DIR/big_baseline.log" "$DIR/gpu100.log" "$DIR/gpu100_ranks.log" "$DIR"/big_leaf*.log "$DIR"/gpu_block*.log "$OUT/" 2>/dev/null
+    for r in gpu_big gpu_big_direct gpu_big_baseline gpu_block gpu_block_baseline gpu100 gpu100_ranks cpu100 $(for leaf in ${LEAF_SWEEP-64 256}; do echo "gpu_big_leaf$leaf"; done); do
         cp "$DIR/runs/$r/diagnostics.csv" "$OUT/$r.csv" 2>/dev/null
     done
 fi

@@ -217,8 +217,9 @@ pub fn component_softening(spec: &RunSpec) -> Option<[f64; 4]> {
 }
 
 /// Where `spec`'s force passes run (`gravity.backend`, design §7): `auto` takes the GPUs
-/// for a run the GPU backend can do, else the CPU; `cuda` insists. `thread_ranks` ranks of
-/// this process need one GPU each (MPI ranks: rank r takes GPU r modulo the node's count).
+/// for a run the GPU backend can do, else the CPU; `cuda` insists. Under `auto`,
+/// `thread_ranks` ranks of this process need one GPU each; under `cuda` they share them
+/// (as MPI ranks do: rank r takes GPU r modulo the node's count).
 pub fn choose_backend(spec: &RunSpec, thread_ranks: usize) -> Result<Chosen, RunError> {
     let g = &spec.config.gravity;
     let unsupported = if g.solver != SolverKind::Fmm {

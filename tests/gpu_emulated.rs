@@ -391,6 +391,22 @@ fn block_steps_and_two_thread_ranks_on_the_emulated_gpus_follow_the_cpu() {
         2,
     );
     assert_close_runs(d, "ranks_gpu", "ranks_cpu", 5e-8);
+    // The two ranks sharing one GPU (`cuda` asked for by name), the payload through the
+    // host: the same bits.
+    let shared = run(
+        d,
+        &galaxy_run(d, &ics, "ranks_shared", "", ""),
+        &[&two[..], &["cuda"]].concat(),
+        1,
+    );
+    assert!(
+        shared.contains("the LET payload moves between the GPUs through the host"),
+        "{shared}"
+    );
+    assert!(
+        last_snapshot(d, "ranks_gpu") == last_snapshot(d, "ranks_shared"),
+        "two ranks sharing a GPU differ from two ranks with a GPU each"
+    );
     // The same run with each launch's blocks and threads shuffled: the same bits.
     run_scheduled(
         d,

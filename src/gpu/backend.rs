@@ -67,31 +67,26 @@ pub fn probe() -> Result<DeviceInfo, String> {
 }
 
 /// Resolves `requested`; `unsupported` says why the GPU backend cannot do this run (e.g.
-/// per-particle softening), `None` when it can. `device` finds the device (`probe`);
-/// `thread_ranks` ranks of this process need one GPU each.
+/// per-particle softening), `None` when it can. `device` finds the device (`probe`).
+/// Under `auto`, `thread_ranks` ranks of this process take the GPUs only with one each;
+/// `cuda` asked for by name lets them share (rank r on GPU r mod the count, as MPI ranks
+/// do: slower, the LET payload then going through the host, but a machine with one GPU
+/// can run and check a K-rank run).
 pub fn choose(
     requested: Backend,
     unsupported: Option<&str>,
     thread_ranks: usize,
     device: impl FnOnce() -> Result<DeviceInfo, String>,
 ) -> Result<Chosen, String> {
-    let device = || {
-        device().and_then(|d| {
-            if d.devices < thread_ranks {
-                Err(format!(
-                    "{thread_ranks} ranks need one GPU each and this machine has {}",
-                    d.devices
-                ))
-            } else {
-                Ok(d)
-            }
-        })
-    };
     match requested {
         Backend::Cpu => Ok(Chosen::Cpu("requested".into())),
         Backend::Auto => Ok(match unsupported {
             Some(why) => Chosen::Cpu(format!("auto: the GPU backend {why}")),
             None => match device() {
+                Ok(d) if d.devices < thread_ranks => Chosen::Cpu(format!(
+                    "auto: {thread_ranks} ranks need one GPU each and this machine has {}",
+                    d.devices
+                )),
                 Ok(d) => Chosen::Cuda(d),
                 Err(why) => Chosen::Cpu(format!("auto: {why}")),
             },
@@ -166,14 +161,23 @@ mod tests {
         );
         let e = choose(Backend::Cuda, Some("runs the FMM only"), 1, h200).unwrap_err();
         assert!(e.contains("runs the FMM only"), "{e}");
-        let e = choose(Backend::Cuda, None, 4, h200).unwrap_err();
-        assert_eq!(
-            e,
-            "backend \"cuda\": 4 ranks need one GPU each and this machine has 2; use \"auto\" or \"cpu\""
-        );
         assert!(matches!(
             choose(Backend::Cuda, None, 1, h200),
             Ok(Chosen::Cuda(_))
+        ));
+    }
+
+    #[test]
+    fn cuda_asked_for_by_name_lets_more_ranks_than_gpus_share_them() {
+        let c = choose(Backend::Cuda, None, 4, h200).unwrap();
+        assert_eq!(
+            c.describe(),
+            "backend: cuda on GPU 0, NVIDIA H200 (sm_90, 150.0 GiB); 2 GPUs here, rank r on GPU r mod 2"
+        );
+        // `auto` takes them only with one each.
+        assert!(matches!(
+            choose(Backend::Auto, None, 4, h200),
+            Ok(Chosen::Cpu(_))
         ));
     }
 }
