@@ -4,7 +4,9 @@
 //! local and imported cells: on the host, or with `with_device` on a device (the host keeps
 //! the tree, the lists and the exchange; the plan carries the imported cells and the own
 //! multipoles over, and the imported multipoles and particles too unless the devices move
-//! them between themselves, `super::payload`).
+//! them between themselves, `super::payload`). A device that keeps the rank's particles
+//! (`ResidentPasses`) makes the solver a `ResidentState`: the particles stay there between
+//! evaluations, and each evaluation brings their positions down for the host's part.
 
 use super::comm::{
     Communicator, ThreadRank, allgatherv, allreduce_sum, alltoallv, run_thread_ranks,
@@ -413,9 +415,8 @@ impl<C: Communicator> DistributedFmm<C> {
                 resident_passes(&mut self.device)?.velocities(&rows(false), &mut particles.vel)?;
             }
             migrated = migrate(comm, &owners, particles, &mut self.work).map_err(comm_err)?;
-            let stays = rows(true);
-            if resident && (stays.len() != owners.len() || particles.len() != owners.len()) {
-                resident_passes(&mut self.device)?.migrate(&stays, particles)?;
+            if resident && (migrated > 0 || particles.len() != owners.len()) {
+                resident_passes(&mut self.device)?.migrate(&rows(true), particles)?;
             }
         }
         let decomposition_s = t0.elapsed().as_secs_f64();
