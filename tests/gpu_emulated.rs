@@ -442,9 +442,22 @@ fn block_steps_and_two_thread_ranks_on_the_emulated_gpus_follow_the_cpu() {
 
 #[test]
 fn a_resident_run_on_the_emulated_gpu_stopped_and_resumed_repeats_its_bits() {
+    stopped_and_resumed_on_emulated_gpus(1);
+}
+
+#[test]
+fn two_ranks_resident_on_their_emulated_gpus_stopped_and_resumed_repeat_their_bits() {
+    stopped_and_resumed_on_emulated_gpus(2);
+}
+
+/// A run on `ranks` thread ranks with a GPU each, its particles resident there, stopped by
+/// SIGTERM after a checkpoint and resumed, gives the bits of the same run straight through.
+fn stopped_and_resumed_on_emulated_gpus(ranks: usize) {
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let ics = galaxy(d, 3000);
+    let ranks_text = ranks.to_string();
+    let args = ["--backend", "cuda", "--ranks", &ranks_text];
     // To 6e-4 with checkpoints every 2e-4: the resident state comes back for each.
     let config = |name: &str| {
         let text = galaxy_text(&ics, name, "", "")
@@ -454,26 +467,35 @@ fn a_resident_run_on_the_emulated_gpu_stopped_and_resumed_repeats_its_bits() {
         write(d, &format!("{name}.toml"), &text)
     };
     let straight = config("straight");
-    run(d, &straight, &["--backend", "cuda"], 1);
+    run(d, &straight, &args, ranks);
     let reference = last_snapshot(d, "straight");
 
     // Stopped by SIGTERM once the checkpoint at 2e-4 is there, then resumed.
     let stopped = config("stopped");
     let child = on_emulated_gpu(d)
-        .args([
-            "run",
-            stopped.to_str().unwrap(),
-            "--backend",
-            "cuda",
-            "--quiet",
-        ])
+        .env("LEAPFMM_EMULATED_GPUS", &ranks_text)
+        .args(["run", stopped.to_str().unwrap(), "--quiet"])
+        .args(args)
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::piped())
         .spawn()
         .unwrap();
     let folder = d.join("runs/stopped/checkpoints");
     let start = std::time::Instant::now();
-    while std::fs::read_dir(&folder).map_or(0, |f| f.count()) < 2 {
+    // Committed checkpoints: a `.ckpt` file on one rank, a `.manifest` over the ranks'
+    // folder on several.
+    let committed = || {
+        std::fs::read_dir(&folder).map_or(0, |entries| {
+            entries
+                .flatten()
+                .filter(|e| {
+                    let name = e.file_name().to_string_lossy().into_owned();
+                    name.ends_with(".ckpt") || name.ends_with(".manifest")
+                })
+                .count()
+        })
+    };
+    while committed() < 2 {
         assert!(start.elapsed().as_secs() < 120, "no second checkpoint");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
@@ -487,10 +509,11 @@ fn a_resident_run_on_the_emulated_gpu_stopped_and_resumed_repeats_its_bits() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(
-        !d.join("runs/stopped/snapshots/snap_001.hdf5").exists(),
+        !d.join("runs/stopped/snapshots/snap_001.hdf5").exists()
+            && !d.join("runs/stopped/snapshots/snapdir_001").exists(),
         "the signal came after the run finished: the test proved nothing"
     );
-    run(d, &stopped, &["--backend", "cuda", "--resume"], 1);
+    run(d, &stopped, &[&args[..], &["--resume"]].concat(), ranks);
     assert!(
         last_snapshot(d, "stopped") == reference,
         "the resumed run differs from the straight one"

@@ -2022,13 +2022,21 @@ impl GpuFmm {
     }
 
     /// Copies the positions of `state` into `pos` (the host's tree build needs them).
-    pub fn positions(&self, state: &DeviceState, pos: &mut [[f64; 3]]) -> Result<(), GpuError> {
-        let flat = self.stream.clone_dtoh(&state.pos.slice(0..3 * state.n))?;
-        self.stream.synchronize()?;
-        for (p, x) in pos.iter_mut().zip(flat.chunks_exact(3)) {
-            *p = [x[0], x[1], x[2]];
+    /// Through the page-locked stage: a K-rank run brings them down every step.
+    pub fn positions(&mut self, state: &DeviceState, pos: &mut [[f64; 3]]) -> Result<(), GpuError> {
+        let n = state.n;
+        if pos.len() != n {
+            return Err(GpuError::Unsupported(format!(
+                "positions of {n} particles into {}",
+                pos.len()
+            )));
         }
-        Ok(())
+        if n == 0 {
+            return Ok(());
+        }
+        let src = state.pos.slice(0..3 * n);
+        self.stage
+            .download(&self.stream, &src, pos.as_flattened_mut())
     }
 
     /// Copies the accelerations of `state` into `acc`, or with `only` those of the listed
