@@ -233,6 +233,9 @@ struct Kernels {
 /// the host copy is brought up to date only when it is read.
 pub struct DeviceState {
     n: usize,
+    /// Particles its buffers hold (at least `n`: a state rebuilt by `migrate_state` has
+    /// room to spare, so that the next migration can reuse it).
+    capacity: usize,
     pos: CudaSlice<f64>,
     vel: CudaSlice<f64>,
     mass: CudaSlice<f64>,
@@ -274,6 +277,10 @@ impl DeviceState {
 /// Growth of a device buffer that is too small: like the caps', so that a run reallocates
 /// a few times at most.
 const BUFFER_GROWTH: f64 = 2.0;
+
+/// A state rebuilt by a migration has room for 1/SPARE_ROOM more particles than it holds:
+/// a rank's count moves a little from step to step.
+const SPARE_ROOM: usize = 8;
 
 /// One device array kept between evaluations, reallocated only when an evaluation needs
 /// more than it holds.
@@ -1010,7 +1017,7 @@ impl GpuFmm {
     /// and components of `particles` (their order).
     pub fn load_state(&self, particles: &Particles) -> Result<DeviceState, GpuError> {
         let n = particles.len();
-        let mut state = self.alloc_state(n)?;
+        let mut state = self.alloc_state(n, n)?;
         self.upload_rows(&mut state, particles, 0)?;
         if particles.acc.len() == n && n > 0 {
             self.stream
@@ -1022,13 +1029,15 @@ impl GpuFmm {
         Ok(state)
     }
 
-    /// A state of `n` particles, all zero.
-    fn alloc_state(&self, n: usize) -> Result<DeviceState, GpuError> {
+    /// A state of `n` particles, all zero, with room for `capacity` (at least `n`).
+    fn alloc_state(&self, n: usize, capacity: usize) -> Result<DeviceState, GpuError> {
         let stream = &self.stream;
-        let [pos, vel, mass, acc, pot, block_max, partial] = resident_f64_counts(n);
+        let capacity = capacity.max(n);
+        let [pos, vel, mass, acc, pot, block_max, partial] = resident_f64_counts(capacity);
         let zeros = |count: usize| stream.alloc_zeros::<f64>(count.max(1));
         Ok(DeviceState {
             n,
+            capacity,
             pos: zeros(pos)?,
             vel: zeros(vel)?,
             mass: zeros(mass)?,
@@ -1036,8 +1045,8 @@ impl GpuFmm {
             pot: zeros(pot)?,
             block_max: zeros(block_max)?,
             partial: zeros(partial)?,
-            component: stream.alloc_zeros::<u8>(n.max(1))?,
-            id: stream.alloc_zeros::<u64>(n.max(1))?,
+            component: stream.alloc_zeros::<u8>(capacity.max(1))?,
+            id: stream.alloc_zeros::<u64>(capacity.max(1))?,
             steps: Reused::new(stream, 0)?,
             rows: Reused::new(stream, 0)?,
             picked: Reused::new(stream, 0)?,
@@ -1079,8 +1088,8 @@ impl GpuFmm {
             .iter()
             .map(|c| c.index() as u8)
             .collect();
-        stream.memcpy_htod(&component, &mut state.component)?;
-        stream.memcpy_htod(&particles.id, &mut state.id)?;
+        stream.memcpy_htod(&component, &mut state.component.slice_mut(0..n))?;
+        stream.memcpy_htod(&particles.id, &mut state.id.slice_mut(0..n))?;
         Ok(())
     }
 
@@ -1090,9 +1099,13 @@ impl GpuFmm {
     /// gathered on the device (4 bytes a row go up); the arrivals, the rows of `particles`
     /// after them, come up with zero accelerations and potentials (the host's copy of
     /// theirs is the device's); the ids and components of all come up from `particles`.
+    /// The new set is built in `spare` (a state kept for it, allocated with room to spare
+    /// when it has too little), and the old one becomes the spare: after the first few
+    /// migrations a step allocates nothing (design §7).
     pub fn migrate_state(
         &self,
         state: &mut DeviceState,
+        spare: &mut Option<DeviceState>,
         stays: &[u32],
         particles: &Particles,
     ) -> Result<(), GpuError> {
@@ -1104,10 +1117,18 @@ impl GpuFmm {
             )));
         }
         let stream = self.stream.clone();
-        let mut next = self.alloc_state(n)?;
+        let mut next = match spare.take() {
+            Some(next) if next.capacity >= n => next,
+            _ => self.alloc_state(n, n + n.div_ceil(SPARE_ROOM))?,
+        };
+        next.n = n;
+        // The scratch of the block scheme stays with the particles' state, grown as it is.
+        std::mem::swap(&mut next.steps, &mut state.steps);
+        std::mem::swap(&mut next.rows, &mut state.rows);
+        std::mem::swap(&mut next.picked, &mut state.picked);
         if kept > 0 {
-            state.rows.room(&stream, kept)?;
-            state.rows.upload(&stream, stays)?;
+            next.rows.room(&stream, kept)?;
+            next.rows.upload(&stream, stays)?;
             let count = kept as u32;
             for (from, to, width) in [
                 (&state.pos, &mut next.pos, 3u32),
@@ -1119,7 +1140,7 @@ impl GpuFmm {
                 let mut launch = stream.launch_builder(&self.kernels.gather_rows);
                 launch
                     .arg(from)
-                    .arg(&state.rows.buf)
+                    .arg(&next.rows.buf)
                     .arg(&count)
                     .arg(&width)
                     .arg(to);
@@ -1128,9 +1149,13 @@ impl GpuFmm {
                 unsafe { launch.launch(grid(kept * width as usize)) }?;
             }
         }
+        if n > kept {
+            stream.memset_zeros(&mut next.acc.slice_mut(3 * kept..3 * n))?;
+            stream.memset_zeros(&mut next.pot.slice_mut(kept..n))?;
+        }
         self.upload_rows(&mut next, particles, kept)?;
         stream.synchronize()?;
-        *state = next;
+        *spare = Some(std::mem::replace(state, next));
         Ok(())
     }
 
@@ -1221,7 +1246,9 @@ impl GpuFmm {
             .arg(&mut state.block_max);
         // SAFETY: as above, for max_acceleration_blocks (block_max holds 4 per block).
         unsafe { launch.launch(grid(state.n)) }?;
-        let blocks = self.stream.clone_dtoh(&state.block_max)?;
+        // The blocks of these particles only (a state may have room for more).
+        let used = 4 * state.n.div_ceil(BLOCK as usize).max(1);
+        let blocks = self.stream.clone_dtoh(&state.block_max.slice(0..used))?;
         self.stream.synchronize()?;
         let mut best = [0.0f64; 4];
         for m in blocks.chunks_exact(4) {

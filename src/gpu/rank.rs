@@ -5,7 +5,8 @@
 //! the tree, the walk and the LET; a migration brings down only the leaving particles'
 //! velocities and rearranges the rest on the device.
 
-use super::device::{DeviceState, GpuError, GpuFmm};
+use super::device::{DeviceState, GpuFmm};
+use super::solver::{device_error, not_loaded};
 use crate::distributed::comm::Communicator;
 use crate::distributed::payload::PayloadRoutes;
 use crate::fmm::caps::Caps;
@@ -19,6 +20,8 @@ use crate::particles::Particles;
 pub struct GpuRank {
     device: GpuFmm,
     state: Option<DeviceState>,
+    /// The state a migration builds the rank's new set in (the last set's buffers).
+    spare: Option<DeviceState>,
 }
 
 impl GpuRank {
@@ -27,6 +30,7 @@ impl GpuRank {
         GpuRank {
             device,
             state: None,
+            spare: None,
         }
     }
 
@@ -34,16 +38,9 @@ impl GpuRank {
     fn loaded(&mut self) -> Result<(&mut GpuFmm, &mut DeviceState), GravityError> {
         match &mut self.state {
             Some(state) => Ok((&mut self.device, state)),
-            None => Err(GravityError::Device(
-                "the particles were not loaded onto the device".into(),
-            )),
+            None => Err(not_loaded()),
         }
     }
-}
-
-/// A device failure as the solver's error.
-fn device_error(e: GpuError) -> GravityError {
-    GravityError::Device(e.to_string())
 }
 
 impl DevicePasses for GpuRank {
@@ -80,6 +77,7 @@ impl DevicePasses for GpuRank {
 
 impl ResidentPasses for GpuRank {
     fn load(&mut self, particles: &Particles) -> Result<(), GravityError> {
+        self.spare = None;
         self.state = Some(self.device.load_state(particles).map_err(device_error)?);
         Ok(())
     }
@@ -136,9 +134,11 @@ impl ResidentPasses for GpuRank {
     }
 
     fn migrate(&mut self, stays: &[u32], particles: &Particles) -> Result<(), GravityError> {
-        let (device, state) = self.loaded()?;
+        let (Some(state), device, spare) = (&mut self.state, &self.device, &mut self.spare) else {
+            return Err(not_loaded());
+        };
         device
-            .migrate_state(state, stays, particles)
+            .migrate_state(state, spare, stays, particles)
             .map_err(device_error)
     }
 

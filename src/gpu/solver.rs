@@ -47,7 +47,7 @@ pub struct GpuSolver {
 }
 
 /// A device failure as the solver's error.
-fn device_error(e: GpuError) -> GravityError {
+pub(super) fn device_error(e: GpuError) -> GravityError {
     GravityError::Device(e.to_string())
 }
 
@@ -436,7 +436,7 @@ fn no_work() -> ForceReport {
     }
 }
 
-/// Using the device state before `ResidentState::load`.
-fn not_loaded() -> GravityError {
+/// Using the device state before it is loaded (`ResidentState::load`).
+pub(super) fn not_loaded() -> GravityError {
     GravityError::Device("the particles were not loaded onto the device".into())
 }
