@@ -28,7 +28,8 @@
 # resident on the device: kick, drift, time step criterion, diagnostics sums and force
 # passes there) and the same run on the CPU: compare the conservation columns of their
 # diagnostics.csv; then that run on 2 thread ranks sharing the GPU (each rank's particles
-# resident there).
+# resident there). Each section's header gives the seconds since the start, so that a
+# check cut short by the device's time limit shows where the time went.
 set -uo pipefail
 DIR=${GPU_CHECK_DIR:-/tmp/gpu-check}
 if [ -n "${OUT:-}" ] && [ -d "$OUT" ]; then
@@ -41,7 +42,7 @@ N3=${N3:-100000}
 rm -rf "$DIR/runs"
 mkdir -p "$DIR"
 
-echo "== environment"
+echo "== [${SECONDS} s] environment"
 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv 2>&1 | head -3
 source scripts/gpu-env.sh
 echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
@@ -49,9 +50,9 @@ echo "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}"
 [ -f .gpu-kit/commit ] && [ "$BIN" = .gpu-kit/leapfmm ] && echo "kit built from $(cat .gpu-kit/commit)"
 
 for n in "$N1" "$N2"; do
-    echo "== N = $n: initial conditions"
+    echo "== [${SECONDS} s] N = $n: initial conditions"
     "$BIN" ics ics/milky_way.toml --n "$n" -o "$DIR/mw_$n.hdf5" 2>&1 | tail -1
-    echo "== N = $n: CPU tree and lists, then the passes on the GPU (parity vs the CPU passes)"
+    echo "== [${SECONDS} s] N = $n: CPU tree and lists, then the passes on the GPU (parity vs the CPU passes)"
     extra=()
     if [ "$n" = "$N1" ]; then extra=(--compare-direct 2000); fi
     timeout 280 "$BIN" forces "$DIR/mw_$n.hdf5" --softening 0.05 --backend cuda --repeat 3 \
@@ -62,12 +63,12 @@ done
 # The f64 near field on the CPU ranks: their LET then carries exact positions, as the GPUs'
 # payload does (the mixed one's compressed wire moves them by up to 4e-6 of a leaf's radius), so
 # the two differ by the GPU's f32 near field only (≤ 1e-5 under the emulation).
-echo "== N = $N1 on 2 thread ranks: the distributed evaluation on the CPU, then with each rank's passes on the GPU (host tree, lists and the LET's cells; each GPU's own multipoles, the payload between the GPUs through the host: NCCL needs a GPU per rank)"
+echo "== [${SECONDS} s] N = $N1 on 2 thread ranks: the distributed evaluation on the CPU, then with each rank's passes on the GPU (host tree, lists and the LET's cells; each GPU's own multipoles, the payload between the GPUs through the host: NCCL needs a GPU per rank)"
 timeout 150 "$BIN" forces "$DIR/mw_$N1.hdf5" --softening 0.05 --backend cuda --ranks 2 \
     --near-field double -o "$DIR/forces_ranks_$N1.hdf5" 2>&1 | grep -v "^wrote"
 echo "exit status ${PIPESTATUS[0]}"
 
-echo "== N = $N2: 3 fixed steps with the particles resident on the GPU (the device keys and sorts them, splits them into cells, computes their moments, walks and runs the passes; the host checks the sort and the cells): the per-step force time and phases (diagnostics.csv)"
+echo "== [${SECONDS} s] N = $N2: 3 fixed steps with the particles resident on the GPU (the device keys and sorts them, splits them into cells, computes their moments, walks and runs the passes; the host checks the sort and the cells): the per-step force time and phases (diagnostics.csv)"
 cat > "$DIR/big.toml" <<EOF
 name = "gpu_big"
 output_dir = "$DIR/runs"
@@ -92,7 +93,7 @@ f="$DIR/runs/gpu_big/diagnostics.csv"
 # steps: the summary then compares today's kernels with those, phase by phase.
 BASE=${BASE_BIN:-.gpu-kit/baseline/leapfmm}
 if [ -x "$BASE" ]; then
-    echo "== N = $N2: the same 3 steps with the baseline binary, built from $(cat "$(dirname "$BASE")/commit" 2>/dev/null || echo '?')"
+    echo "== [${SECONDS} s] N = $N2: the same 3 steps with the baseline binary, built from $(cat "$(dirname "$BASE")/commit" 2>/dev/null || echo '?')"
     sed -e 's/name = "gpu_big"/name = "gpu_big_baseline"/' "$DIR/big.toml" > "$DIR/big_baseline.toml"
     timeout 200 "$BASE" run "$DIR/big_baseline.toml" --backend cuda > "$DIR/big_baseline.log" 2>&1
     echo "exit status $?"
@@ -104,7 +105,7 @@ fi
 # The leaf size trades M2L pairs against P2P pairs; the default (128) is the CPU's choice, and
 # the GPU's best may lie either side of it (the rotated M2L made M2L pairs cheaper there).
 for leaf in ${LEAF_SWEEP-64 256}; do
-    echo "== N = $N2: the same 3 steps with leaf_size = $leaf"
+    echo "== [${SECONDS} s] N = $N2: the same 3 steps with leaf_size = $leaf"
     sed -e "s/name = \"gpu_big\"/name = \"gpu_big_leaf$leaf\"/" \
         -e "s/^softening = 0.05$/softening = 0.05\nleaf_size = $leaf/" "$DIR/big.toml" \
         > "$DIR/big_leaf$leaf.toml"
@@ -117,7 +118,7 @@ done
 
 # M2L takes the rotation-based kernel (m2l_rotated.cu) up to order 8 unless told to take the
 # direct form: the same steps with each, to keep the faster.
-echo "== N = $N2: the same 3 steps with the direct-form M2L (LEAPFMM_GPU_M2L=direct)"
+echo "== [${SECONDS} s] N = $N2: the same 3 steps with the direct-form M2L (LEAPFMM_GPU_M2L=direct)"
 sed -e 's/name = "gpu_big"/name = "gpu_big_direct"/' "$DIR/big.toml" > "$DIR/big_direct.toml"
 LEAPFMM_GPU_M2L=direct timeout 200 "$BIN" run "$DIR/big_direct.toml" --backend cuda \
     > "$DIR/big_direct.log" 2>&1
@@ -128,7 +129,7 @@ f="$DIR/runs/gpu_big_direct/diagnostics.csv"
 # Block steps: since the tenth session the state stays on the device for them too (the
 # host walks only for the active cells of a sub-step); the baseline binary kept it on the
 # host and built the whole tree there at every sub-step. Two cycles of dt_max at N1.
-echo "== N = $N1: block steps, 2 cycles, the particles resident on the GPU (then the baseline binary, its state on the host)"
+echo "== [${SECONDS} s] N = $N1: block steps, 2 cycles, the particles resident on the GPU (then the baseline binary, its state on the host)"
 cat > "$DIR/block.toml" <<EOF
 name = "gpu_block"
 output_dir = "$DIR/runs"
@@ -155,7 +156,7 @@ for run in "gpu_block $BIN" "gpu_block_baseline $BASE"; do
     [ -f "$f" ] && { head -1 "$f"; tail -1 "$f"; }
 done
 
-echo "== ~100-step run, N = $N3: backend cuda (resident state), then cpu (diagnostics: first columns, last row)"
+echo "== [${SECONDS} s] ~100-step run, N = $N3: backend cuda (resident state), then cpu (diagnostics: first columns, last row)"
 cat > "$DIR/run.toml" <<EOF
 name = "gpu100"
 output_dir = "$DIR/runs"
@@ -177,7 +178,7 @@ timeout 150 "$BIN" run "$DIR/run_cpu.toml" --backend cpu 2>&1 | tail -2
 # The same on 2 thread ranks sharing the GPU: each rank's particles kept on it (kick, drift,
 # the migration's new set there; positions down each step for the host's tree and LET), the
 # payload through the host.
-echo "== the same run on 2 thread ranks sharing the GPU (resident state per rank)"
+echo "== [${SECONDS} s] the same run on 2 thread ranks sharing the GPU (resident state per rank)"
 sed 's/name = "gpu100"/name = "gpu100_ranks"/' "$DIR/run.toml" > "$DIR/run_ranks.toml"
 timeout 150 "$BIN" run "$DIR/run_ranks.toml" --backend cuda --ranks 2 > "$DIR/gpu100_ranks.log" 2>&1
 echo "exit status $?"
@@ -187,7 +188,7 @@ for r in gpu100 gpu100_ranks cpu100; do
     f="$DIR/runs/$r/diagnostics.csv"
     [ -f "$f" ] && { echo "-- $r"; head -1 "$f" | cut -c1-240; tail -1 "$f" | cut -c1-240; }
 done
-echo "== summary: the last step of each resident N = $N2 run (seconds; particles per second of the force evaluation)"
+echo "== [${SECONDS} s] summary: the last step of each resident N = $N2 run (seconds; particles per second of the force evaluation)"
 echo "run wall_force tree upward walk m2l downward p2p particles/s"
 for r in gpu_big gpu_big_direct gpu_big_baseline $(for leaf in ${LEAF_SWEEP-64 256}; do echo "gpu_big_leaf$leaf"; done); do
     f="$DIR/runs/$r/diagnostics.csv"
