@@ -1244,16 +1244,47 @@ impl<'a> Simulation<'a> {
         let path = if ranks == 1 {
             checkpoint::write(&dir, step, &ckpt, keep)?
         } else {
-            let written = checkpoint::write_rank(&dir, step, rank, &ckpt);
-            let failed = allreduce_sum(self.comm, &[u64::from(written.is_err())])?[0];
+            let time = self.timeline.time(self.state.ti);
+            let set_id = checkpoint::set_identity(&self.spec.source.text, step, time, ranks);
+            let identity = checkpoint::RankIdentity {
+                set_id,
+                step,
+                rank: rank as u32,
+                ranks: ranks as u32,
+            };
+            let written = checkpoint::write_rank(&dir, identity, &ckpt);
+            // Each rank's digest and count (40 bytes; empty where its write failed) reach
+            // rank 0 for the manifest.
+            let mut mine = Vec::new();
+            if let Ok(digest) = &written {
+                mine.extend_from_slice(digest);
+                mine.extend_from_slice(&(self.particles.len() as u64).to_le_bytes());
+            }
+            let all = allgatherv(self.comm, &mine)?;
             written?;
-            if failed > 0 {
+            if all.iter().any(|b| b.len() != 40) {
                 return Err(RunError::State(format!(
                     "the checkpoint of step {step} failed on another rank; it was not committed"
                 )));
             }
             if rank == 0 {
-                checkpoint::commit_set(&dir, step, ranks, keep)?;
+                let files = all
+                    .iter()
+                    .map(|b| {
+                        let mut digest = [0u8; 32];
+                        digest.copy_from_slice(&b[..32]);
+                        let mut count = [0u8; 8];
+                        count.copy_from_slice(&b[32..]);
+                        (digest, u64::from_le_bytes(count))
+                    })
+                    .collect();
+                let summary = checkpoint::SetSummary {
+                    set_id,
+                    step,
+                    time,
+                    files,
+                };
+                checkpoint::commit_set(&dir, &summary, keep)?;
             }
             // Committed before any rank goes on (and might be stopped).
             self.comm.barrier()?;
@@ -1277,7 +1308,7 @@ fn load_checkpoint(
     let c = &spec.config;
     let ckpt_dir = checkpoint_dir(&spec.run_dir);
     let (rank, ranks) = (comm.rank(), comm.size());
-    let found = checkpoint::newest_valid::<Checkpoint>(&ckpt_dir)?
+    let found = checkpoint::newest_valid::<Checkpoint>(&ckpt_dir, verify_checkpoint)?
         .ok_or_else(|| RunError::State(format!("no checkpoint in {}", ckpt_dir.display())))?;
     let path = found.entry.path().to_path_buf();
     let first = found
@@ -1334,6 +1365,61 @@ fn load_checkpoint(
         caps: None,
         work: Vec::new(),
     })
+}
+
+/// Checks a verified checkpoint's contents as a whole: every rank file at the same step
+/// and time, each holding the particles its manifest says, the total the particle count of
+/// the run that wrote it (`ics.n` of its own config, for a model), and every particle ID
+/// once. A checkpoint that fails is treated as corrupt.
+pub fn verify_checkpoint(loaded: &checkpoint::Loaded<Checkpoint>) -> Result<(), String> {
+    let first = loaded
+        .payloads
+        .first()
+        .ok_or_else(|| "the checkpoint holds no rank files".to_string())?;
+    for (r, p) in loaded.payloads.iter().enumerate() {
+        if p.state != first.state {
+            return Err(format!(
+                "rank {r} is at step {}, rank 0 at step {}: the files come from different checkpoints",
+                p.state.step, first.state.step
+            ));
+        }
+    }
+    if let Some(m) = &loaded.manifest {
+        if m.step != first.state.step {
+            return Err(format!(
+                "the manifest is of step {}, its files of step {}",
+                m.step, first.state.step
+            ));
+        }
+        for (r, (p, listed)) in loaded.payloads.iter().zip(&m.files).enumerate() {
+            if p.particles.len() as u64 != listed.particles {
+                return Err(format!(
+                    "rank {r}'s file holds {} particles, the manifest says {}",
+                    p.particles.len(),
+                    listed.particles
+                ));
+            }
+        }
+    }
+    let total: usize = loaded.payloads.iter().map(|p| p.particles.len()).sum();
+    let model_n = toml::from_str::<RunConfig>(&first.config_text)
+        .ok()
+        .and_then(|c| c.ics.n.filter(|_| c.ics.model.is_some()));
+    if let Some(n) = model_n
+        && total as i64 != n
+    {
+        return Err(format!("it holds {total} particles, its run has n = {n}"));
+    }
+    let mut ids: Vec<u64> = loaded
+        .payloads
+        .iter()
+        .flat_map(|p| p.particles.id.iter().copied())
+        .collect();
+    ids.sort_unstable();
+    if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+        return Err(format!("particle ID {} appears more than once", w[0]));
+    }
+    Ok(())
 }
 
 /// Refuses to resume when the config changed in a way that breaks the run's continuity.

@@ -6,7 +6,7 @@ use clap::Args;
 use leapfmm::io::checkpoint;
 use leapfmm::io::snapshot::read_snapshot;
 use leapfmm::particles::{Component, Particles};
-use leapfmm::simulation::Checkpoint;
+use leapfmm::simulation::{Checkpoint, verify_checkpoint};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -50,12 +50,16 @@ fn checkpoint_set_info(path: &Path) -> Result<()> {
         manifest: path.to_path_buf(),
         folder,
     };
-    let ranks: Vec<Checkpoint> = checkpoint::read_entry(&entry)?;
+    let loaded = checkpoint::read_entry::<Checkpoint>(&entry)?;
+    verify_checkpoint(&loaded).map_err(|reason| {
+        anyhow::anyhow!("{} is not a usable checkpoint: {reason}", path.display())
+    })?;
+    let ranks = loaded.payloads;
     let first = ranks
         .first()
         .with_context(|| format!("{}: the set has no rank files", path.display()))?;
     println!(
-        "{}: leapfmm checkpoint set of {} ranks (every checksum verified)",
+        "{}: leapfmm checkpoint set of {} ranks (manifest, every file's SHA-256, identity, counts and IDs verified)",
         path.display(),
         ranks.len()
     );
@@ -74,8 +78,19 @@ fn checkpoint_set_info(path: &Path) -> Result<()> {
 }
 
 fn checkpoint_info(path: &Path) -> Result<()> {
-    let ckpt: Checkpoint = checkpoint::read(path)?;
-    println!("{}: leapfmm checkpoint (checksum verified)", path.display());
+    let loaded = checkpoint::read_entry::<Checkpoint>(&checkpoint::Entry::File(path.into()))?;
+    verify_checkpoint(&loaded).map_err(|reason| {
+        anyhow::anyhow!("{} is not a usable checkpoint: {reason}", path.display())
+    })?;
+    let ckpt = loaded
+        .payloads
+        .into_iter()
+        .next()
+        .with_context(|| format!("{}: empty checkpoint", path.display()))?;
+    println!(
+        "{}: leapfmm checkpoint (checksum verified; particle count and IDs checked)",
+        path.display()
+    );
     println!("  written by leapfmm {}", ckpt.version);
     println!(
         "  step {}, last dt {:e}, snapshots written {}",

@@ -10,6 +10,12 @@
 //! `checkpoint_S.ranks/` the same way, and once every rank has finished, rank 0 commits the
 //! set by writing `checkpoint_S.manifest` (atomically). A set without a manifest was never
 //! committed and is ignored (and removed at the next commit).
+//!
+//! A set is verified as a whole, not file by file: the manifest carries its own SHA-256, the
+//! set's identity, step, time and particle count, and each rank file's SHA-256 and particle
+//! count; each rank file records the set identity, step, rank and rank count it belongs to.
+//! An edited manifest, a rank file copied in from another set, or a missing file makes the
+//! whole set invalid, so the previous checkpoint is used.
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -87,7 +93,11 @@ pub fn set_folder(dir: &Path, step: u64) -> PathBuf {
 
 /// Path of rank `rank`'s file in the set taken after `step`.
 pub fn rank_file(dir: &Path, step: u64, rank: usize) -> PathBuf {
-    set_folder(dir, step).join(format!("rank_{rank:05}.ckpt"))
+    set_folder(dir, step).join(rank_file_name(rank))
+}
+
+fn rank_file_name(rank: usize) -> String {
+    format!("rank_{rank:05}.ckpt")
 }
 
 /// The step encoded in a checkpoint file or manifest name, and which of the two it is.
@@ -99,13 +109,141 @@ fn step_of(name: &str) -> Option<(u64, bool)> {
     Some((rest.strip_suffix(".manifest")?.parse().ok()?, true))
 }
 
-/// What a manifest records: the set is complete with this many rank files.
+/// Format of the manifests this leapfmm writes and reads.
+pub const MANIFEST_FORMAT: u32 = 2;
+
+/// What a manifest records: the set, its summary and each rank file's digest.
 #[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct Manifest {
+    /// Manifest format (`MANIFEST_FORMAT`).
+    pub format: u32,
+    /// Identity of the set, recorded in each of its rank files (hex).
+    pub set_id: String,
     /// The step the set was taken after.
     pub step: u64,
+    /// Simulation time of the set.
+    pub time: f64,
+    /// Particles in the whole set.
+    pub particles: u64,
     /// Number of rank files.
     pub ranks: usize,
+    /// Each rank file, in rank order.
+    pub files: Vec<RankEntry>,
+    /// SHA-256 (hex) of this manifest written with an empty `checksum`.
+    pub checksum: String,
+}
+
+/// One rank file as its set's manifest records it.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RankEntry {
+    /// File name inside the set's folder.
+    pub name: String,
+    /// SHA-256 (hex) of the whole file.
+    pub sha256: String,
+    /// Particles the file holds.
+    pub particles: u64,
+}
+
+/// Which set a rank file belongs to; recorded in the file itself, so a file copied in from
+/// another set is recognised even before its digest is compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct RankIdentity {
+    /// The set's identity (see `set_identity`).
+    pub set_id: u64,
+    /// The step the set was taken after.
+    pub step: u64,
+    /// This file's rank.
+    pub rank: u32,
+    /// Ranks in the set.
+    pub ranks: u32,
+}
+
+/// What a rank file holds: its identity and the rank's payload.
+#[derive(Debug, Serialize, serde::Deserialize)]
+struct RankFile<T> {
+    identity: RankIdentity,
+    payload: T,
+}
+
+/// A set identity that every rank computes alike without talking to the others: a digest
+/// of the run's own text (its config), the step, the time and the rank count, so sets of
+/// different steps, runs or rank counts never share one.
+pub fn set_identity(run_text: &str, step: u64, time: f64, ranks: usize) -> u64 {
+    let mut h = Sha256::new();
+    h.update(run_text.as_bytes());
+    h.update(step.to_le_bytes());
+    h.update(time.to_bits().to_le_bytes());
+    h.update((ranks as u64).to_le_bytes());
+    let d = h.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&d[..8]);
+    u64::from_le_bytes(first)
+}
+
+/// What rank 0 needs to commit a set: its summary and each rank's file digest and count.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SetSummary {
+    /// The set's identity (`set_identity`).
+    pub set_id: u64,
+    /// The step the set was taken after.
+    pub step: u64,
+    /// Simulation time.
+    pub time: f64,
+    /// Each rank's file: SHA-256 of the whole file and its particle count, in rank order.
+    pub files: Vec<([u8; 32], u64)>,
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+impl Manifest {
+    /// The manifest's checksum: SHA-256 of its JSON text with an empty `checksum`.
+    fn digest(&self) -> String {
+        let mut blank = self.clone();
+        blank.checksum.clear();
+        let text = serde_json::to_vec(&blank).unwrap_or_default();
+        hex(&Sha256::digest(&text))
+    }
+
+    /// Parses a manifest and checks it against its own checksum and for consistency.
+    pub fn parse(text: &str) -> Result<Manifest, String> {
+        if let Ok(v) = serde_json::from_str::<serde_json::Value>(text)
+            && v.get("format").is_none()
+        {
+            return Err("the manifest has no format or checksum (written by a leapfmm older than the manifest format 2), so its set cannot be verified".into());
+        }
+        let m: Manifest =
+            serde_json::from_str(text).map_err(|e| format!("unreadable manifest: {e}"))?;
+        if m.format != MANIFEST_FORMAT {
+            return Err(format!(
+                "manifest format {}, this leapfmm reads {MANIFEST_FORMAT}",
+                m.format
+            ));
+        }
+        if m.digest() != m.checksum {
+            return Err(
+                "the manifest's checksum does not match its contents (edited or damaged)".into(),
+            );
+        }
+        if m.ranks == 0 || m.files.len() != m.ranks {
+            return Err(format!(
+                "the manifest lists {} rank files for {} ranks",
+                m.files.len(),
+                m.ranks
+            ));
+        }
+        let sum: u64 = m.files.iter().map(|f| f.particles).sum();
+        if sum != m.particles {
+            return Err(format!(
+                "the manifest's rank files hold {sum} particles, its total says {}",
+                m.particles
+            ));
+        }
+        Ok(m)
+    }
 }
 
 /// One committed checkpoint: a single file, or a manifest and its rank files.
@@ -227,35 +365,54 @@ pub fn write<T: Serialize>(
     Ok(path)
 }
 
-/// Writes rank `rank`'s part of the set of `step`. The set counts only once `commit_set`
-/// has run, after every rank's `write_rank` returned.
+/// Writes rank `identity.rank`'s part of the set of `identity.step` and returns the
+/// file's SHA-256 for the manifest. The set counts only once `commit_set` has run, after
+/// every rank's `write_rank` returned.
 pub fn write_rank<T: Serialize>(
     dir: &Path,
-    step: u64,
-    rank: usize,
+    identity: RankIdentity,
     payload: &T,
-) -> Result<PathBuf, CheckpointError> {
-    let folder = set_folder(dir, step);
+) -> Result<[u8; 32], CheckpointError> {
+    let folder = set_folder(dir, identity.step);
     fs::create_dir_all(&folder).map_err(io_err(&folder, "creating the checkpoint folder"))?;
-    let path = rank_file(dir, step, rank);
-    let bytes = encode(payload).map_err(|reason| CheckpointError::Invalid {
-        path: path.clone(),
-        reason,
-    })?;
+    let path = rank_file(dir, identity.step, identity.rank as usize);
+    let bytes =
+        encode(&RankFile { identity, payload }).map_err(|reason| CheckpointError::Invalid {
+            path: path.clone(),
+            reason,
+        })?;
     write_durably(&path, &bytes)?;
-    Ok(path)
+    Ok(Sha256::digest(&bytes).into())
 }
 
-/// Commits the set of `step` written by `ranks` ranks, and keeps only the newest `keep`
-/// checkpoints. Call on one rank, after every rank finished `write_rank`.
+/// Commits the set `summary` describes, and keeps only the newest `keep` checkpoints. Call
+/// on one rank, after every rank finished `write_rank`.
 pub fn commit_set(
     dir: &Path,
-    step: u64,
-    ranks: usize,
+    summary: &SetSummary,
     keep: usize,
 ) -> Result<PathBuf, CheckpointError> {
-    let path = dir.join(manifest_name(step));
-    let manifest = Manifest { step, ranks };
+    let path = dir.join(manifest_name(summary.step));
+    let mut manifest = Manifest {
+        format: MANIFEST_FORMAT,
+        set_id: format!("{:016x}", summary.set_id),
+        step: summary.step,
+        time: summary.time,
+        particles: summary.files.iter().map(|f| f.1).sum(),
+        ranks: summary.files.len(),
+        files: summary
+            .files
+            .iter()
+            .enumerate()
+            .map(|(r, (digest, particles))| RankEntry {
+                name: rank_file_name(r),
+                sha256: hex(digest),
+                particles: *particles,
+            })
+            .collect(),
+        checksum: String::new(),
+    };
+    manifest.checksum = manifest.digest();
     let text = serde_json::to_string_pretty(&manifest).map_err(|e| CheckpointError::Invalid {
         path: path.clone(),
         reason: e.to_string(),
@@ -331,42 +488,106 @@ pub fn read<T: DeserializeOwned>(path: &Path) -> Result<T, CheckpointError> {
     })
 }
 
-/// Reads and verifies a checkpoint: one payload for a file, one per rank (in rank order)
-/// for a set.
-pub fn read_entry<T: DeserializeOwned>(entry: &Entry) -> Result<Vec<T>, CheckpointError> {
+/// A checkpoint read and verified: its payloads (one for a file, one per rank in rank order
+/// for a set) and, for a set, its manifest.
+#[derive(Debug)]
+pub struct Loaded<T> {
+    /// The payloads.
+    pub payloads: Vec<T>,
+    /// The set's manifest (`None` for a single file).
+    pub manifest: Option<Manifest>,
+}
+
+/// Reads and verifies a checkpoint; a set as a whole: the manifest's own checksum, every
+/// rank file's digest against the manifest, and the identity each file records.
+pub fn read_entry<T: DeserializeOwned>(entry: &Entry) -> Result<Loaded<T>, CheckpointError> {
     match entry {
-        Entry::File(path) => Ok(vec![read(path)?]),
+        Entry::File(path) => Ok(Loaded {
+            payloads: vec![read(path)?],
+            manifest: None,
+        }),
         Entry::Set { manifest, folder } => {
             let invalid = |reason: String| CheckpointError::Invalid {
                 path: manifest.clone(),
                 reason,
             };
             let text = fs::read_to_string(manifest).map_err(io_err(manifest, "reading"))?;
-            let m: Manifest = serde_json::from_str(&text)
-                .map_err(|e| invalid(format!("unreadable manifest: {e}")))?;
-            if m.ranks == 0 {
-                return Err(invalid("the manifest lists no ranks".into()));
+            let m = Manifest::parse(&text).map_err(invalid)?;
+            let set_id = u64::from_str_radix(&m.set_id, 16)
+                .map_err(|_| invalid(format!("set_id '{}' is not hexadecimal", m.set_id)))?;
+            let mut payloads = Vec::with_capacity(m.ranks);
+            for (r, listed) in m.files.iter().enumerate() {
+                let path = folder.join(rank_file_name(r));
+                if listed.name != rank_file_name(r) {
+                    return Err(invalid(format!(
+                        "rank {r}'s file is listed as '{}', expected '{}'",
+                        listed.name,
+                        rank_file_name(r)
+                    )));
+                }
+                let bytes = fs::read(&path).map_err(io_err(&path, "reading"))?;
+                if hex(&Sha256::digest(&bytes)) != listed.sha256 {
+                    return Err(invalid(format!(
+                        "{} is not the file the manifest committed (its SHA-256 differs)",
+                        path.display()
+                    )));
+                }
+                let file: RankFile<T> =
+                    decode(&bytes).map_err(|reason| CheckpointError::Invalid {
+                        path: path.clone(),
+                        reason,
+                    })?;
+                let want = RankIdentity {
+                    set_id,
+                    step: m.step,
+                    rank: r as u32,
+                    ranks: m.ranks as u32,
+                };
+                if file.identity != want {
+                    return Err(invalid(format!(
+                        "{} belongs to another set (step {}, rank {} of {}), not to this one (step {}, rank {r} of {})",
+                        path.display(),
+                        file.identity.step,
+                        file.identity.rank,
+                        file.identity.ranks,
+                        m.step,
+                        m.ranks
+                    )));
+                }
+                payloads.push(file.payload);
             }
-            (0..m.ranks)
-                .map(|r| read(&folder.join(format!("rank_{r:05}.ckpt"))))
-                .collect()
+            Ok(Loaded {
+                payloads,
+                manifest: Some(m),
+            })
         }
     }
 }
 
 /// The newest checkpoint in `dir` that verifies, with the newer ones that did not and why.
 /// `Ok(None)` when the folder holds no checkpoint at all; an error, touching nothing, when
-/// none verifies.
-pub fn newest_valid<T: DeserializeOwned>(dir: &Path) -> Result<Option<Found<T>>, CheckpointError> {
+/// none verifies. `check` adds the caller's own test of a verified checkpoint's contents
+/// (particle counts, identifiers); a checkpoint it refuses counts as corrupt.
+pub fn newest_valid<T: DeserializeOwned>(
+    dir: &Path,
+    check: impl Fn(&Loaded<T>) -> Result<(), String>,
+) -> Result<Option<Found<T>>, CheckpointError> {
     let mut rejected = Vec::new();
     let candidates = list(dir)?;
     let any = !candidates.is_empty();
     for (_, entry) in candidates {
-        match read_entry::<T>(&entry) {
-            Ok(payloads) => {
+        let loaded = read_entry::<T>(&entry).and_then(|loaded| {
+            check(&loaded).map_err(|reason| CheckpointError::Invalid {
+                path: entry.path().to_path_buf(),
+                reason,
+            })?;
+            Ok(loaded)
+        });
+        match loaded {
+            Ok(loaded) => {
                 return Ok(Some(Found {
                     entry,
-                    payloads,
+                    payloads: loaded.payloads,
                     rejected,
                 }));
             }
@@ -443,7 +664,7 @@ mod tests {
             .unwrap()
             .set_len(len - 5)
             .unwrap();
-        let found = newest_valid::<u64>(dir.path()).unwrap().unwrap();
+        let found = newest_valid::<u64>(dir.path(), no_check).unwrap().unwrap();
         assert_eq!(found.payloads, vec![30]);
         assert_eq!(found.entry, Entry::File(dir.path().join(file_name(30))));
         assert_eq!(found.rejected.len(), 1);
@@ -456,8 +677,40 @@ mod tests {
             .unwrap()
             .set_len(10)
             .unwrap();
-        assert!(newest_valid::<u64>(dir.path()).is_err());
+        assert!(newest_valid::<u64>(dir.path(), no_check).is_err());
         assert!(newest.exists() && only.exists());
+    }
+
+    /// Writes and (with `commit`) commits a set of `values`, one per rank.
+    fn write_set(d: &Path, step: u64, values: &[u64], commit: bool, keep: usize) {
+        let ranks = values.len();
+        let set_id = set_identity("run", step, step as f64, ranks);
+        let files = values
+            .iter()
+            .enumerate()
+            .map(|(rank, v)| {
+                let identity = RankIdentity {
+                    set_id,
+                    step,
+                    rank: rank as u32,
+                    ranks: ranks as u32,
+                };
+                (write_rank(d, identity, v).unwrap(), 1)
+            })
+            .collect();
+        if commit {
+            let summary = SetSummary {
+                set_id,
+                step,
+                time: step as f64,
+                files,
+            };
+            commit_set(d, &summary, keep).unwrap();
+        }
+    }
+
+    fn no_check<T>(_: &Loaded<T>) -> Result<(), String> {
+        Ok(())
     }
 
     #[test]
@@ -465,32 +718,101 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let d = dir.path();
         write(d, 10, &10u64, 3).unwrap();
-        for rank in 0..3 {
-            write_rank(d, 20, rank, &(200 + rank as u64)).unwrap();
-        }
+        write_set(d, 20, &[200, 201, 202], false, 3);
         // Not committed yet: the single file is still the newest checkpoint.
-        assert_eq!(newest_valid::<u64>(d).unwrap().unwrap().payloads, vec![10]);
-        commit_set(d, 20, 3, 3).unwrap();
-        let found = newest_valid::<u64>(d).unwrap().unwrap();
+        assert_eq!(
+            newest_valid::<u64>(d, no_check).unwrap().unwrap().payloads,
+            vec![10]
+        );
+        write_set(d, 20, &[200, 201, 202], true, 3);
+        let found = newest_valid::<u64>(d, no_check).unwrap().unwrap();
         assert_eq!(found.payloads, vec![200, 201, 202]);
         // An uncommitted newer set is ignored, then removed by the next commit; a damaged
         // rank file makes its whole set fall back to the previous checkpoint.
-        write_rank(d, 30, 0, &300u64).unwrap();
-        for rank in 0..2 {
-            write_rank(d, 40, rank, &(400 + rank as u64)).unwrap();
-        }
-        commit_set(d, 40, 2, 2).unwrap();
+        write_set(d, 30, &[300], false, 3);
+        write_set(d, 40, &[400, 401], true, 2);
         assert!(!set_folder(d, 30).exists());
         assert!(
             !d.join(file_name(10)).exists(),
             "only the newest 2 are kept"
         );
         fs::write(rank_file(d, 40, 1), b"garbage").unwrap();
-        let found = newest_valid::<u64>(d).unwrap().unwrap();
+        let found = newest_valid::<u64>(d, no_check).unwrap().unwrap();
         assert_eq!(found.payloads, vec![200, 201, 202]);
         assert_eq!(found.rejected.len(), 1);
         let aside = set_aside(&found.rejected[0].0).unwrap();
         assert!(aside.to_string_lossy().ends_with(".manifest.corrupt"));
         assert_eq!(list(d).unwrap().len(), 1);
+    }
+
+    /// The set as a whole: an edited manifest, a rank file from another step's set (even
+    /// with the manifest's digest edited to match it), a missing file, and a caller's
+    /// check each make the set fall back to the previous one.
+    #[test]
+    fn a_set_is_verified_as_a_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write_set(d, 10, &[100, 101, 102], true, 5);
+        write_set(d, 20, &[200, 201, 202], true, 5);
+        let manifest = d.join(manifest_name(20));
+        let text = fs::read_to_string(&manifest).unwrap();
+        let newest = |d: &Path| newest_valid::<u64>(d, no_check).unwrap().unwrap();
+        assert_eq!(newest(d).payloads, vec![200, 201, 202]);
+
+        // The manifest edited to one rank: its checksum no longer matches.
+        fs::write(&manifest, text.replace("\"ranks\": 3", "\"ranks\": 1")).unwrap();
+        let found = newest(d);
+        assert_eq!(found.payloads, vec![100, 101, 102]);
+        assert!(
+            found.rejected[0].1.contains("checksum"),
+            "{}",
+            found.rejected[0].1
+        );
+        fs::write(&manifest, &text).unwrap();
+
+        // A rank file copied in from step 10's set, with or without the manifest's digest
+        // and checksum recomputed to match it.
+        let original = fs::read(rank_file(d, 20, 1)).unwrap();
+        fs::copy(rank_file(d, 10, 1), rank_file(d, 20, 1)).unwrap();
+        let found = newest(d);
+        assert_eq!(found.payloads, vec![100, 101, 102]);
+        assert!(
+            found.rejected[0].1.contains("SHA-256"),
+            "{}",
+            found.rejected[0].1
+        );
+        let mut m = Manifest::parse(&text).unwrap();
+        m.files[1].sha256 = hex(&Sha256::digest(fs::read(rank_file(d, 10, 1)).unwrap()));
+        m.checksum = m.digest();
+        fs::write(&manifest, serde_json::to_string(&m).unwrap()).unwrap();
+        let found = newest(d);
+        assert_eq!(found.payloads, vec![100, 101, 102]);
+        assert!(
+            found.rejected[0].1.contains("belongs to another set"),
+            "{}",
+            found.rejected[0].1
+        );
+        fs::write(&manifest, &text).unwrap();
+        fs::write(rank_file(d, 20, 1), &original).unwrap();
+
+        // A missing rank file.
+        let original = fs::read(rank_file(d, 20, 2)).unwrap();
+        fs::remove_file(rank_file(d, 20, 2)).unwrap();
+        assert_eq!(newest(d).payloads, vec![100, 101, 102]);
+        fs::write(rank_file(d, 20, 2), &original).unwrap();
+        assert_eq!(newest(d).payloads, vec![200, 201, 202]);
+
+        // The caller's own check refuses the newest set.
+        let found = newest_valid::<u64>(d, |l: &Loaded<u64>| {
+            if l.payloads.contains(&200) {
+                Err("200 is not allowed".into())
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap()
+        .unwrap();
+        assert_eq!(found.payloads, vec![100, 101, 102]);
+        assert!(found.rejected[0].1.contains("200 is not allowed"));
     }
 }
