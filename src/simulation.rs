@@ -34,6 +34,7 @@ use crate::integrate::diagnostics::{
 use crate::integrate::leapfrog::{drift, kick, kick_each, max_acceleration_by_component};
 use crate::integrate::timestep::{TICKS_PER_DT_MAX, Timeline, TimestepError, criterion_dt};
 use crate::io::checkpoint::{self, CheckpointError};
+use crate::io::lock::{LockError, RunLock};
 use crate::io::snapshot::{
     MultiFile, SnapshotError, SnapshotInfo, part_type_counts, read_snapshot, write_snapshot,
 };
@@ -66,6 +67,9 @@ pub enum RunError {
     /// The time step collapsed.
     #[error(transparent)]
     Timestep(#[from] TimestepError),
+    /// Another process writes the run folder, or its lock failed.
+    #[error(transparent)]
+    Lock(#[from] LockError),
     /// A file in the run folder could not be written.
     #[error("{path}: {what}: {reason}")]
     Io {
@@ -358,8 +362,18 @@ fn gpu_solver<C: Communicator + 'static>(
     )))
 }
 
-/// SIGINT/SIGTERM handling for the duration of a run: the first signal is recorded and
-/// the run stops after its current step; a second one exits at once.
+/// Exit status of a run that a signal stopped cleanly, after finishing its step and writing
+/// its checkpoint (sysexits' EX_TEMPFAIL: resume it later with `--resume`).
+pub const EXIT_STOPPED: u8 = 75;
+
+/// Exit status when a second SIGINT ends the run at once, without a checkpoint of the stop.
+pub const EXIT_ABORTED: i32 = 130;
+
+/// SIGINT/SIGTERM handling for the duration of a run: the first signal is recorded and the
+/// run stops after its current step with a checkpoint. Only a second SIGINT (a person
+/// pressing Ctrl-C again) exits at once; SIGTERM never does, because `timeout` and batch
+/// schedulers often send it twice (to the process and to its group) and both must still
+/// end in a checkpoint.
 struct SignalGuard {
     received: Arc<AtomicUsize>,
     ids: Vec<signal_hook::SigId>,
@@ -369,24 +383,25 @@ impl SignalGuard {
     fn install() -> Result<Self, RunError> {
         use signal_hook::consts::{SIGINT, SIGTERM};
         let received = Arc::new(AtomicUsize::new(0));
-        let armed = Arc::new(AtomicBool::new(false));
+        let interrupted = Arc::new(AtomicBool::new(false));
         let mut ids = Vec::new();
         let fail =
             |e: std::io::Error| RunError::State(format!("cannot install signal handlers: {e}"));
+        // Registered before the flag it tests, so the first SIGINT only sets the flag.
+        ids.push(
+            signal_hook::flag::register_conditional_shutdown(
+                SIGINT,
+                EXIT_ABORTED,
+                Arc::clone(&interrupted),
+            )
+            .map_err(fail)?,
+        );
+        ids.push(signal_hook::flag::register(SIGINT, Arc::clone(&interrupted)).map_err(fail)?);
         for sig in [SIGINT, SIGTERM] {
-            ids.push(
-                signal_hook::flag::register_conditional_shutdown(
-                    sig,
-                    128 + sig,
-                    Arc::clone(&armed),
-                )
-                .map_err(fail)?,
-            );
             ids.push(
                 signal_hook::flag::register_usize(sig, Arc::clone(&received), sig as usize)
                     .map_err(fail)?,
             );
-            ids.push(signal_hook::flag::register(sig, Arc::clone(&armed)).map_err(fail)?);
         }
         Ok(SignalGuard { received, ids })
     }
@@ -494,6 +509,8 @@ struct Simulation<'a> {
     block: BlockFigures,
     /// Where the particle state is kept between steps.
     residence: Residence,
+    /// The run folder's lock (rank 0), held until the run ends.
+    _lock: Option<RunLock>,
 }
 
 /// The leapfrog's two operators.
@@ -627,6 +644,8 @@ impl<'a> Simulation<'a> {
         let run_dir = &spec.run_dir;
         let (rank, ranks) = (comm.rank(), comm.size());
         let ckpt_dir = checkpoint_dir(run_dir);
+        // Before looking at the folder: no other process may write it from here on.
+        let lock = lock_run_folder(run_dir, comm)?;
         let existing = checkpoint::list(&ckpt_dir)?;
         let has_outputs = run_dir.join("diagnostics.csv").exists()
             || snapshot_dir(run_dir)
@@ -659,7 +678,13 @@ impl<'a> Simulation<'a> {
         let stat_names = solver.stat_names();
 
         let resumed = if options.resume && !existing.is_empty() {
-            Some(load_checkpoint(spec, comm, &progress, &timeline)?)
+            let resumed = load_checkpoint(spec, comm, &progress, &timeline)?;
+            if rank == 0 {
+                remove_snapshots_from(run_dir, resumed.state.snapshots_written)?;
+            }
+            // The later trajectory is gone before any rank writes the new one.
+            comm.barrier()?;
+            Some(resumed)
         } else {
             if options.resume && has_outputs {
                 progress.note(&format!(
@@ -740,6 +765,7 @@ impl<'a> Simulation<'a> {
                 ..BlockFigures::default()
             },
             residence,
+            _lock: lock,
         };
         if fresh {
             sim.start()?;
@@ -1294,6 +1320,58 @@ impl<'a> Simulation<'a> {
         self.wall.io += start.elapsed().as_secs_f64();
         Ok(path)
     }
+}
+
+/// Takes the run folder's lock on rank 0 (collective): every rank fails alike, with the
+/// holder's PID, when another process writes the folder.
+fn lock_run_folder(run_dir: &Path, comm: &dyn Communicator) -> Result<Option<RunLock>, RunError> {
+    let (lock, refusal) = if comm.rank() == 0 {
+        match RunLock::acquire(run_dir) {
+            Ok(lock) => (Some(lock), String::new()),
+            Err(e) => (None, e.to_string()),
+        }
+    } else {
+        (None, String::new())
+    };
+    let refusals = allgatherv(comm, refusal.as_bytes())?;
+    match refusals.first().filter(|r| !r.is_empty()) {
+        Some(r) => Err(RunError::State(String::from_utf8_lossy(r).into_owned())),
+        None => Ok(lock),
+    }
+}
+
+/// Removes the snapshots numbered `first` and later, in either layout (`snap_NNN.hdf5` of
+/// one rank, `snapdir_NNN/` of several): a resume from a checkpoint taken before them writes
+/// them again, and a stale file (another layout, or a rank beyond the new count) must not
+/// survive beside the new ones.
+fn remove_snapshots_from(run_dir: &Path, first: u32) -> Result<(), RunError> {
+    let dir = snapshot_dir(run_dir);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let index = name
+            .strip_prefix("snapdir_")
+            .or_else(|| {
+                name.strip_prefix("snap_")
+                    .and_then(|r| r.strip_suffix(".hdf5"))
+            })
+            .and_then(|i| i.parse::<u32>().ok());
+        if index.is_some_and(|i| i >= first) {
+            let path = entry.path();
+            let removed = if path.is_dir() {
+                std::fs::remove_dir_all(&path)
+            } else {
+                std::fs::remove_file(&path)
+            };
+            removed.map_err(io_err(
+                &path,
+                "removing a snapshot written after the checkpoint",
+            ))?;
+        }
+    }
+    Ok(())
 }
 
 /// Reads the newest valid checkpoint (collective) and takes this rank's part: its own file

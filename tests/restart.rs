@@ -125,7 +125,7 @@ fn sigterm_at_a_random_moment_then_resume_is_bit_exact() {
     let (code, err) = finish(child);
     assert_eq!(
         code,
-        128 + libc::SIGTERM,
+        i32::from(leapfmm::simulation::EXIT_STOPPED),
         "the run should stop on SIGTERM: {err}"
     );
     assert!(

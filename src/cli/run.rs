@@ -4,7 +4,7 @@ use anyhow::Result;
 use clap::Args;
 use leapfmm::campaign::{Campaign, CampaignOptions, RunStatus, is_campaign, run_campaign};
 use leapfmm::config::{Backend, RunSpec};
-use leapfmm::simulation::{self, RunOptions, RunOutcome};
+use leapfmm::simulation::{self, EXIT_STOPPED, RunOptions, RunOutcome};
 use std::path::PathBuf;
 use std::process::ExitCode;
 #[cfg(feature = "mpi")]
@@ -72,7 +72,7 @@ pub fn execute(args: RunArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) -> 
 }
 
 /// Runs a campaign and reports on every run: exit 0 when all are complete, 1 when one
-/// failed or was rejected, 128+N when signal N stopped it.
+/// failed or was rejected, `EXIT_STOPPED` (75) when a signal stopped it cleanly.
 fn campaign(args: &RunArgs) -> Result<ExitCode> {
     let mut campaign = Campaign::load(&args.config)?;
     if let Some(backend) = args.backend {
@@ -134,7 +134,7 @@ fn campaign(args: &RunArgs) -> Result<ExitCode> {
         }
     }
     Ok(match signal {
-        Some(s) => ExitCode::from((128 + s).clamp(0, 255) as u8),
+        Some(_) => ExitCode::from(EXIT_STOPPED),
         None if statuses.iter().all(RunStatus::complete) => ExitCode::SUCCESS,
         None => ExitCode::FAILURE,
     })
@@ -154,8 +154,6 @@ fn exit_code(spec: &RunSpec, outcome: RunOutcome, quiet: bool) -> ExitCode {
             ExitCode::SUCCESS
         }
         RunOutcome::AlreadyFinished { .. } => ExitCode::SUCCESS,
-        RunOutcome::Interrupted { signal, .. } => {
-            ExitCode::from((128 + signal).clamp(0, 255) as u8)
-        }
+        RunOutcome::Interrupted { .. } => ExitCode::from(EXIT_STOPPED),
     }
 }

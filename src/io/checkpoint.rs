@@ -279,7 +279,7 @@ fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
     let tmp_path = dir.join(format!(".{name}.tmp"));
-    {
+    let written = (|| {
         let mut f = File::create(&tmp_path).map_err(io_err(&tmp_path, "creating"))?;
         let half = bytes.len() / 2;
         f.write_all(&bytes[..half])
@@ -293,7 +293,12 @@ fn write_durably(path: &Path, bytes: &[u8]) -> Result<(), CheckpointError> {
         }
         f.write_all(&bytes[half..])
             .map_err(io_err(&tmp_path, "writing"))?;
-        f.sync_all().map_err(io_err(&tmp_path, "syncing"))?;
+        f.sync_all().map_err(io_err(&tmp_path, "syncing"))
+    })();
+    if let Err(e) = written {
+        // A full disk must not stay full of our half-written file.
+        let _ = fs::remove_file(&tmp_path);
+        return Err(e);
     }
     fs::rename(&tmp_path, path).map_err(io_err(path, "renaming into place"))?;
     if let Ok(d) = File::open(dir) {

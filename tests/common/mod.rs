@@ -124,7 +124,8 @@ pub fn dataset_bytes(file: &Path, dataset: &str) -> Vec<u8> {
     }
 }
 
-/// Every file under `dir` with its content, for "nothing was damaged" checks.
+/// Every file under `dir` with its content, for "nothing was damaged" checks; the run
+/// folder's lock file (which holds the PID of the last run to open the folder) is left out.
 pub fn tree_contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     let mut out = Vec::new();
     let mut stack = vec![dir.to_path_buf()];
@@ -134,7 +135,7 @@ pub fn tree_contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
                 let p = e.path();
                 if p.is_dir() {
                     stack.push(p);
-                } else {
+                } else if !p.ends_with(leapfmm::io::lock::LOCK_FILE) {
                     out.push((p.clone(), std::fs::read(&p).unwrap()));
                 }
             }
