@@ -6,6 +6,7 @@
 
 use crate::fmm::expansion::MAX_ORDER;
 use crate::fmm::p2p::NearFieldPrecision;
+use crate::format::short;
 use crate::gravity::{Softening, SofteningKernel};
 use crate::ics::ModelFile;
 use crate::integrate::timestep::MAX_LEVEL;
@@ -132,7 +133,7 @@ impl SourceText {
             path: self.path.clone(),
             location: OptionalLocation(locate_key(&self.text, key)),
             key: key.to_string(),
-            value: value.to_string(),
+            value: crate::format::short_text(&value.to_string()),
             reason: reason.into(),
         }
     }
@@ -492,11 +493,15 @@ pub struct RunSpec {
     pub run_dir: PathBuf,
 }
 
-/// How many whole `dt_max` steps `value` spans, or why it is not a whole multiple.
+/// Most steps of `dt_max` a run may span (the block scheme's tick counter bounds it).
+pub const MAX_STEPS: f64 = 1e7;
+
+/// How many whole `dt_max` steps `value` spans, or `None` when it is not a whole multiple
+/// (or spans `MAX_STEPS` or more).
 pub fn whole_multiple(value: f64, dt_max: f64) -> Option<u64> {
     let ratio = value / dt_max;
     let rounded = ratio.round();
-    if rounded >= 1.0 && (ratio - rounded).abs() <= 1e-9 * rounded && rounded < 1e7 {
+    if rounded >= 1.0 && (ratio - rounded).abs() <= 1e-9 * rounded && rounded < MAX_STEPS {
         Some(rounded as u64)
     } else {
         None
@@ -688,7 +693,22 @@ fn validate_integrator(s: &SourceText, i: &IntegratorConfig) -> Result<(), Confi
         return Err(s.invalid(
             "integrator.dt_max",
             i.dt_max,
-            format!("the largest step exceeds integrator.t_end = {}", i.t_end),
+            format!(
+                "the largest step exceeds integrator.t_end = {}",
+                short(i.t_end)
+            ),
+        ));
+    }
+    let steps = i.t_end / i.dt_max;
+    if steps.round() >= MAX_STEPS {
+        return Err(s.invalid(
+            "integrator.t_end",
+            i.t_end,
+            format!(
+                "t_end / dt_max = {} steps of dt_max = {}, beyond the limit of 10^7 steps; raise dt_max",
+                short(steps.round()),
+                short(i.dt_max)
+            ),
         ));
     }
     if whole_multiple(i.t_end, i.dt_max).is_none() {
@@ -697,7 +717,7 @@ fn validate_integrator(s: &SourceText, i: &IntegratorConfig) -> Result<(), Confi
             i.t_end,
             format!(
                 "the end time must be a whole multiple of integrator.dt_max = {} so that it is hit exactly",
-                i.dt_max
+                short(i.dt_max)
             ),
         ));
     }

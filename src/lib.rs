@@ -10,6 +10,7 @@ pub mod campaign;
 pub mod config;
 pub mod distributed;
 pub mod fmm;
+pub mod format;
 pub mod gpu;
 pub mod gravity;
 pub mod ics;

@@ -125,6 +125,19 @@ fn bad_config_values_are_named_with_file_key_and_value() {
         "dt_max = 0.3",
         &["integrator.t_end", "whole multiple"],
     );
+    // The step limit is named as such, and long numbers are printed short.
+    assert_config_rejected(
+        d,
+        "t_end = 0.5",
+        "t_end = 1e7",
+        &["integrator.t_end", "80000000 steps", "limit of 10^7 steps"],
+    );
+    assert_config_rejected(
+        d,
+        "t_end = 0.5",
+        "t_end = 1e-300",
+        &["integrator.dt_max' = 0.125", "integrator.t_end = 1e-300"],
+    );
     assert_config_rejected(d, "name = \"victim\"", "name = \"a/b\"", &["name", "a/b"]);
     // Missing files.
     let model = repo("ics/plummer.toml").display().to_string();
@@ -323,6 +336,13 @@ fn other_subcommands_reject_bad_arguments() {
         &["ics", m, "--n", "10", "-o", "nodir/x.hdf5"],
         1,
         &["nodir"],
+    );
+    write(d, "plain", "x");
+    assert_rejected(
+        d,
+        &["ics", m, "--n", "10", "-o", "plain/sub/x.hdf5"],
+        1,
+        &["plain is a file, not a folder"],
     );
     assert_rejected(
         d,

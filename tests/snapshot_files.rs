@@ -370,3 +370,114 @@ fn analyze_reads_another_codes_file_with_masstable_masses() {
     assert!(rows.iter().any(|r| r[8] > 0.0), "no halo circular velocity");
     assert!(dir.path().join("an/faceon_000.png").is_file());
 }
+
+/// A small GADGET file whose header lies: `count` particles of PartType1 declared,
+/// `stored` actually written (or, with `unwritten`, chunked datasets of `count` rows with no
+/// chunk ever written), over `files` files.
+fn write_crafted(path: &Path, count: i64, stored: usize, unwritten: bool, files: i32) {
+    let _guard = hdf5_lock();
+    let f = hdf5::File::create(path).unwrap();
+    let h = f.create_group("Header").unwrap();
+    h.new_attr::<i64>()
+        .shape(6)
+        .create("NumPart_ThisFile")
+        .unwrap()
+        .write_raw(&[0, count, 0, 0, 0, 0])
+        .unwrap();
+    h.new_attr::<f64>()
+        .shape(6)
+        .create("MassTable")
+        .unwrap()
+        .write_raw(&[0.0, 0.001, 0.0, 0.0, 0.0, 0.0])
+        .unwrap();
+    h.new_attr::<i32>()
+        .create("NumFilesPerSnapshot")
+        .unwrap()
+        .write_scalar(&files)
+        .unwrap();
+    let g = f.create_group("PartType1").unwrap();
+    let rows = if unwritten { count as usize } else { stored };
+    for name in ["Coordinates", "Velocities"] {
+        let b = g.new_dataset::<f64>().shape((rows, 3));
+        if unwritten {
+            b.chunk((1000, 3)).create(name).unwrap();
+        } else {
+            let v: Vec<f64> = (0..3 * rows).map(|i| (i % 97) as f64 * 0.01).collect();
+            b.create(name).unwrap().write_raw(&v).unwrap();
+        }
+    }
+    let b = g.new_dataset::<u64>().shape(rows);
+    if unwritten {
+        b.chunk(1000).create("ParticleIDs").unwrap();
+    } else {
+        let ids: Vec<u64> = (0..rows as u64).collect();
+        b.create("ParticleIDs").unwrap().write_raw(&ids).unwrap();
+    }
+    f.close().unwrap();
+}
+
+#[test]
+fn header_counts_are_bounded_by_what_the_file_holds() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let cases: [(&str, i64, usize, bool, i32, &str); 4] = [
+        (
+            "files.0.hdf5",
+            1000,
+            1000,
+            false,
+            1_000_000_000,
+            "Header/NumFilesPerSnapshot = 1000000000 but",
+        ),
+        (
+            "unwritten.hdf5",
+            300_000_000,
+            0,
+            true,
+            1,
+            "PartType1/Coordinates declares 900000000 values",
+        ),
+        (
+            "short.hdf5",
+            300_000_000,
+            100,
+            false,
+            1,
+            "PartType1/Coordinates has 300 values, expected 900000000",
+        ),
+        (
+            "negative.hdf5",
+            -1000,
+            1000,
+            false,
+            1,
+            "Header/NumPart_ThisFile[1] = -1000: a particle count cannot be negative",
+        ),
+    ];
+    for (name, count, stored, unwritten, files, needle) in cases {
+        let path = d.join(name);
+        write_crafted(&path, count, stored, unwritten, files);
+        assert!(std::fs::metadata(&path).unwrap().len() < 100_000);
+        for cmd in ["info", "forces"] {
+            let out = d.join("forces.hdf5");
+            let mut args = vec![cmd, path.to_str().unwrap()];
+            if cmd == "forces" {
+                args.extend(["-o", out.to_str().unwrap()]);
+            }
+            let m = run_measured(d, &args);
+            assert_eq!(m.code, Some(1), "{cmd} {name}: {}", m.stderr);
+            assert!(m.stderr.contains(needle), "{cmd} {name}: {}", m.stderr);
+            assert!(
+                m.stderr.contains(path.to_str().unwrap()),
+                "names the file: {}",
+                m.stderr
+            );
+            assert!(
+                m.wall.as_secs_f64() < 2.0 && m.peak_rss < 100 << 20,
+                "{cmd} {name}: {:?}, peak RSS {} MB",
+                m.wall,
+                m.peak_rss >> 20
+            );
+        }
+    }
+}

@@ -51,6 +51,14 @@ pub fn execute(args: IcsArgs) -> Result<()> {
         && !parent.as_os_str().is_empty()
         && !parent.is_dir()
     {
+        // Name a file in the way (`-o notes.txt/x.hdf5`) rather than a missing folder.
+        if let Some(file) = parent.ancestors().find(|a| a.is_file()) {
+            bail!(
+                "-o {}: {} is a file, not a folder",
+                args.output.display(),
+                file.display()
+            );
+        }
         bail!(
             "-o {}: the folder {} does not exist",
             args.output.display(),

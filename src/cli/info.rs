@@ -167,7 +167,8 @@ fn snapshot_info(path: &Path) -> Result<()> {
             }
             print_particles(&data.particles);
         }
-        Err(e) => println!("  cannot be used as initial conditions: {e}"),
+        // The layout above helps find the fault; the status says the file is unusable.
+        Err(e) => bail!("cannot be used as initial conditions: {e}"),
     }
     Ok(())
 }

@@ -43,9 +43,9 @@ pub fn read_f64(loc: &Location, name: &str) -> hdf5::Result<f64> {
     loc.attr(name)?.read_scalar::<f64>()
 }
 
-/// Reads a numeric array attribute as u64 values.
-pub fn read_u64_array(loc: &Location, name: &str) -> hdf5::Result<Vec<u64>> {
-    loc.attr(name)?.read_raw::<u64>()
+/// Reads a numeric array attribute as i64 values (a negative count stays negative).
+pub fn read_i64_array(loc: &Location, name: &str) -> hdf5::Result<Vec<i64>> {
+    loc.attr(name)?.read_raw::<i64>()
 }
 
 /// Reads a numeric array attribute as f64 values.

@@ -2,10 +2,11 @@
 //! unchanged; and a reader for GADGET-format files written by other codes.
 
 use super::hdf5_util::{
-    read_f64, read_f64_array, read_string, read_u64_array, vectors_to_array, write_array,
+    read_f64, read_f64_array, read_i64_array, read_string, vectors_to_array, write_array,
     write_scalar, write_string,
 };
 use crate::config::Precision;
+use crate::format::short;
 use crate::particles::{Component, Particles};
 use crate::units::{CgsUnits, UnitSystem};
 use ndarray::Array1;
@@ -306,14 +307,31 @@ pub fn read_snapshot_with(
     let mut files = vec![path.to_path_buf()];
     let mut data = first.0;
     if first.1 > 1 {
-        let siblings = multi_file_names(path, first.1).ok_or_else(|| SnapshotError::Content {
-            path: path.to_path_buf(),
-            reason: format!(
-                "the header says the snapshot is spread over {} files, but the name does not end in .0.hdf5",
-                first.1
-            ),
-        })?;
-        for sibling in siblings.into_iter().skip(1) {
+        let stem = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".0.hdf5"))
+            .ok_or_else(|| SnapshotError::Content {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "the header says the snapshot is spread over {} files, but the name does not end in .0.hdf5",
+                    first.1
+                ),
+            })?;
+        // One sibling at a time, so that a huge NumFilesPerSnapshot stops at the first
+        // file that is not there instead of listing them all.
+        for k in 1..first.1 {
+            let sibling = path.with_file_name(format!("{stem}.{k}.hdf5"));
+            if !sibling.is_file() {
+                return Err(SnapshotError::Content {
+                    path: path.to_path_buf(),
+                    reason: format!(
+                        "Header/NumFilesPerSnapshot = {} but {} does not exist",
+                        first.1,
+                        sibling.display()
+                    ),
+                });
+            }
             let (part, _) = read_one(&sibling, velocities)?;
             data.particles.extend(part.particles);
             data.counts.extend(part.counts);
@@ -330,17 +348,6 @@ pub fn read_snapshot_with(
     }
     data.files = files;
     Ok(data)
-}
-
-/// `base.0.hdf5` → `base.0.hdf5 … base.(k-1).hdf5`.
-fn multi_file_names(path: &Path, count: usize) -> Option<Vec<PathBuf>> {
-    let name = path.file_name()?.to_str()?;
-    let stem = name.strip_suffix(".0.hdf5")?;
-    Some(
-        (0..count)
-            .map(|k| path.with_file_name(format!("{stem}.{k}.hdf5")))
-            .collect(),
-    )
 }
 
 fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize), SnapshotError> {
@@ -363,13 +370,24 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
     let header = file
         .group("Header")
         .map_err(|_| content("no /Header group: not a GADGET-format HDF5 file".into()))?;
-    let counts = read_u64_array(&header, "NumPart_ThisFile")
+    let counts = read_i64_array(&header, "NumPart_ThisFile")
         .map_err(err("reading Header/NumPart_ThisFile"))?;
+    if let Some((pt, c)) = counts.iter().enumerate().find(|(_, c)| **c < 0) {
+        return Err(content(format!(
+            "Header/NumPart_ThisFile[{pt}] = {c}: a particle count cannot be negative"
+        )));
+    }
+    let counts: Vec<u64> = counts.iter().map(|&c| c as u64).collect();
     let mass_table = read_f64_array(&header, "MassTable").unwrap_or_else(|_| vec![0.0; PART_TYPES]);
     let time = read_f64(&header, "Time").unwrap_or(0.0);
-    let num_files = read_f64(&header, "NumFilesPerSnapshot")
-        .unwrap_or(1.0)
-        .max(1.0) as usize;
+    let num_files = read_f64(&header, "NumFilesPerSnapshot").unwrap_or(1.0);
+    if !(num_files.is_finite() && num_files >= 0.0 && num_files.fract() == 0.0) {
+        return Err(content(format!(
+            "Header/NumFilesPerSnapshot = {}: it must be a whole number of files",
+            short(num_files)
+        )));
+    }
+    let num_files = (num_files as usize).max(1);
     if counts.first().copied().unwrap_or(0) > 0 {
         return Err(content(format!(
             "the file holds {} gas particles (PartType0); leapfmm is collisionless and cannot evolve gas",
@@ -393,6 +411,7 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
             let ds = g
                 .dataset(name)
                 .map_err(err(&format!("reading {group}/{name}")))?;
+            check_stored(&ds, 3 * n).map_err(|r| content(format!("{group}/{name} {r}")))?;
             let raw = ds
                 .read_raw::<f64>()
                 .map_err(err(&format!("reading {group}/{name}")))?;
@@ -414,7 +433,10 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
         };
         let ids = g
             .dataset("ParticleIDs")
-            .and_then(|d| d.read_raw::<u64>())
+            .map_err(err(&format!("reading {group}/ParticleIDs")))?;
+        check_stored(&ids, n).map_err(|r| content(format!("{group}/ParticleIDs {r}")))?;
+        let ids = ids
+            .read_raw::<u64>()
             .map_err(err(&format!("reading {group}/ParticleIDs")))?;
         if ids.len() != n {
             return Err(content(format!(
@@ -425,7 +447,10 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
         let masses = if g.link_exists("Masses") {
             let m = g
                 .dataset("Masses")
-                .and_then(|d| d.read_raw::<f64>())
+                .map_err(err(&format!("reading {group}/Masses")))?;
+            check_stored(&m, n).map_err(|r| content(format!("{group}/Masses {r}")))?;
+            let m = m
+                .read_raw::<f64>()
                 .map_err(err(&format!("reading {group}/Masses")))?;
             if m.len() != n {
                 return Err(content(format!(
@@ -478,6 +503,35 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
         },
         num_files,
     ))
+}
+
+/// Most a compression filter can shrink data (deflate's limit is about 1 032 : 1).
+const MAX_COMPRESSION: u64 = 1100;
+
+/// Checks, before anything is allocated, that a dataset holds `values` values (as the
+/// header's count says) and that the file really stores them: a crafted header with a
+/// huge count over an unwritten chunked dataset must not make the reader allocate it.
+fn check_stored(ds: &hdf5::Dataset, values: usize) -> Result<(), String> {
+    if ds.size() != values {
+        return Err(format!(
+            "has {} values, expected {values} from Header/NumPart_ThisFile",
+            ds.size()
+        ));
+    }
+    let element = ds.dtype().map(|t| t.size()).unwrap_or(8) as u64;
+    let logical = values as u64 * element;
+    let stored = ds.storage_size();
+    let limit = if ds.filters().is_empty() {
+        stored
+    } else {
+        stored.saturating_mul(MAX_COMPRESSION)
+    };
+    if logical > limit {
+        return Err(format!(
+            "declares {values} values ({logical} bytes) but the file stores only {stored} bytes of them"
+        ));
+    }
+    Ok(())
 }
 
 /// The first non-finite component of a vector dataset, as a message naming it.

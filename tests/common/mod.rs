@@ -144,3 +144,45 @@ pub fn tree_contents(dir: &Path) -> Vec<(PathBuf, Vec<u8>)> {
     out.sort();
     out
 }
+
+/// What `run_measured` saw of one run of the binary.
+pub struct Measured {
+    /// Exit status (`None` when a signal ended it).
+    pub code: Option<i32>,
+    /// Its stderr.
+    pub stderr: String,
+    /// Its peak resident memory, bytes (`getrusage`'s `ru_maxrss`).
+    pub peak_rss: u64,
+    /// Wall time from start to exit.
+    pub wall: std::time::Duration,
+}
+
+/// Runs the binary with `args` in `cwd` and measures its peak resident memory (through
+/// `wait4`, which reports that one child's own figure).
+#[allow(clippy::zombie_processes)] // reaped by wait4, not Child::wait
+pub fn run_measured(cwd: &Path, args: &[&str]) -> Measured {
+    let err_path = cwd.join(format!(".stderr-{}", std::process::id()));
+    let err_file = std::fs::File::create(&err_path).unwrap();
+    let start = std::time::Instant::now();
+    let child = bin()
+        .current_dir(cwd)
+        .args(args)
+        .stdout(std::process::Stdio::null())
+        .stderr(err_file)
+        .spawn()
+        .expect("the leapfmm binary starts");
+    let mut status = 0;
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32, "wait4 failed");
+    let wall = start.elapsed();
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    let stderr = std::fs::read_to_string(&err_path).unwrap_or_default();
+    let _ = std::fs::remove_file(&err_path);
+    Measured {
+        code,
+        stderr,
+        peak_rss: usage.ru_maxrss as u64 * 1024,
+        wall,
+    }
+}

@@ -1,0 +1,41 @@
+//! Numbers in messages: short enough to read (`1e-300`, not three hundred digits).
+
+/// `x` as Rust's shortest round-trip decimal when that is short, else in exponent form.
+pub fn short(x: f64) -> String {
+    let plain = x.to_string();
+    if plain.len() <= 12 {
+        plain
+    } else {
+        format!("{x:e}")
+    }
+}
+
+/// A message's value as written, shortened when it is a long number.
+pub fn short_text(value: &str) -> String {
+    match value.parse::<f64>() {
+        Ok(x) if value.len() > 12 => short(x),
+        _ => value.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn long_numbers_take_the_exponent_form() {
+        assert_eq!(short(1e-300), "1e-300");
+        assert_eq!(short(1e20), "1e20");
+        assert_eq!(short(0.5), "0.5");
+        assert_eq!(short(1e7), "10000000");
+        assert_eq!(short(0.1 + 0.2), "3.0000000000000004e-1");
+        assert_eq!(short(f64::NAN), "NaN");
+        assert_eq!(short_text("1e-300"), "1e-300");
+        assert_eq!(
+            short_text(&1e-300f64.to_string()),
+            "1e-300",
+            "a value already formatted in full"
+        );
+        assert_eq!(short_text("fmm"), "fmm");
+    }
+}
