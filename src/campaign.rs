@@ -163,12 +163,33 @@ pub fn describe(params: &[(String, Value)]) -> String {
         .join(", ")
 }
 
+/// Most runs one campaign may hold: each gets a folder, a line in the summary and a row in
+/// every report.
+pub const MAX_RUNS: usize = 10_000;
+
 /// The runs' parameter sets (with explicit names where given), in order.
 type ParameterSet = (Option<String>, Vec<(String, Value)>);
 
 fn parameter_sets(file: &CampaignFile) -> Result<Vec<ParameterSet>, String> {
     match (&file.sweep, &file.runs) {
         (Some(sweep), None) => {
+            // Counted before anything is expanded: a product of long lists must not fill
+            // the memory with parameter sets.
+            let count = sweep
+                .values()
+                .map(|v| v.as_array().map_or(1, Vec::len).max(1))
+                .try_fold(1usize, usize::checked_mul);
+            if count.is_none_or(|c| c > MAX_RUNS) {
+                let sizes: Vec<String> = sweep
+                    .iter()
+                    .map(|(k, v)| format!("{k}: {}", v.as_array().map_or(1, Vec::len)))
+                    .collect();
+                return Err(format!(
+                    "the sweep expands to {} runs ({}), more than the limit of {MAX_RUNS}; split it into several campaigns",
+                    count.map_or("more than 1e19".to_string(), |c| c.to_string()),
+                    sizes.join(" x ")
+                ));
+            }
             let mut sets: Vec<Vec<(String, Value)>> = vec![Vec::new()];
             for (key, values) in sweep {
                 let list = match values {

@@ -16,6 +16,7 @@ pub mod gravity;
 pub mod ics;
 pub mod integrate;
 pub mod io;
+pub mod memory;
 pub mod particles;
 pub mod progress;
 pub mod simulation;

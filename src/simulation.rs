@@ -431,6 +431,7 @@ pub fn run(spec: &RunSpec, options: RunOptions) -> Result<RunOutcome, RunError> 
     }
     let signals = SignalGuard::install()?;
     let backend = choose_backend(spec, ranks)?;
+    check_memory(spec, ranks, ranks, &backend)?;
     let threads = (rayon::current_num_threads() / ranks).max(1);
     let outcomes = run_thread_ranks(ranks, threads, RANK_TIMEOUT, |comm| {
         let solver = make_solver(spec, comm.clone(), &backend)?;
@@ -456,8 +457,42 @@ pub fn run_with<C: Communicator + Clone + 'static>(
 ) -> Result<RunOutcome, RunError> {
     let signals = SignalGuard::install()?;
     let backend = choose_backend(spec, 1)?;
+    // One process per rank (MPI): this machine holds the ranks the launcher put on it.
+    let local = [
+        "OMPI_COMM_WORLD_LOCAL_SIZE",
+        "MPI_LOCALNRANKS",
+        "SLURM_NTASKS_PER_NODE",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.parse::<usize>().ok())
+    .unwrap_or(1)
+    .min(comm.size());
+    check_memory(spec, comm.size(), local, &backend)?;
     let solver = make_solver(spec, comm.clone(), &backend)?;
     run_rank(spec, options, &comm, solver, &backend, &signals)
+}
+
+/// Refuses, before anything is allocated or written, a run from a model whose memory
+/// estimate exceeds what this machine (or a GPU) has (`memory::check`). A run from a file
+/// is bounded by the file it reads.
+fn check_memory(
+    spec: &RunSpec,
+    ranks: usize,
+    local_ranks: usize,
+    backend: &Chosen,
+) -> Result<(), RunError> {
+    let IcSource::Model { n, .. } = &spec.ics else {
+        return Ok(());
+    };
+    crate::memory::check(
+        &spec.config.gravity,
+        *n as u64,
+        ranks,
+        local_ranks,
+        backend,
+        crate::memory::available_host(),
+    )
+    .map_err(|reason| RunError::State(format!("{}: {reason}", spec.source.path.display())))
 }
 
 /// One rank's part of `run`.

@@ -197,3 +197,35 @@ fn a_sweep_runs_the_cartesian_product_with_readable_names() {
         "{rows:?}"
     );
 }
+
+#[test]
+fn a_sweep_of_a_billion_runs_is_refused_before_it_is_expanded() {
+    let dir = tempfile::tempdir().unwrap();
+    let list = |scale: f64| {
+        let v: Vec<String> = (1..=1000)
+            .map(|k| format!("{}", k as f64 * scale))
+            .collect();
+        format!("[{}]", v.join(", "))
+    };
+    let text = campaign_text(&format!(
+        "[sweep]\n\"gravity.softening\" = {}\n\"ics.sphere.scale_radius\" = {}\n\"integrator.t_end\" = {}\n",
+        list(0.001),
+        list(0.01),
+        list(0.5)
+    ));
+    let file = write(dir.path(), "camp.toml", &text);
+    let m = run_measured(dir.path(), &["run", file.to_str().unwrap(), "--quiet"]);
+    assert_eq!(m.code, Some(1), "{}", m.stderr);
+    assert!(
+        m.stderr.contains("expands to 1000000000 runs") && m.stderr.contains("limit of 10000"),
+        "{}",
+        m.stderr
+    );
+    assert!(
+        m.wall < Duration::from_secs(2) && m.peak_rss < 100 << 20,
+        "{:?}, {} MB",
+        m.wall,
+        m.peak_rss >> 20
+    );
+    assert!(!dir.path().join("runs/camp").exists(), "no folder left");
+}
