@@ -20,6 +20,7 @@ use crate::fmm::caps::{Caps, CapsPolicy};
 use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::presets::PresetsStore;
 use crate::fmm::{FmmSettings, FmmSolver};
+use crate::format::short;
 use crate::gpu::backend::{Chosen, DeviceInfo, choose, probe};
 use crate::gravity::{
     DirectSummation, GravityError, GravitySolver, Softening, SolverStat, active_flags,
@@ -1246,6 +1247,16 @@ impl<'a> Simulation<'a> {
     fn write_snapshot(&mut self) -> Result<(), RunError> {
         let start = Instant::now();
         self.sync_host()?;
+        // A snapshot never holds a state the solvers would refuse: the run stops first.
+        let local = crate::gravity::check_finite(&self.particles)
+            .map_err(|e| e.to_string())
+            .and_then(|()| finite_velocities(&self.particles));
+        agree(self.comm, local).map_err(|reason| {
+            RunError::State(format!(
+                "{}: no snapshot written at step {}: {reason}",
+                self.spec.config.name, self.state.step
+            ))
+        })?;
         let c = &self.spec.config;
         let (rank, ranks) = (self.comm.rank(), self.comm.size());
         let index = self.state.snapshots_written;
@@ -1357,22 +1368,44 @@ impl<'a> Simulation<'a> {
     }
 }
 
+/// Makes one rank's failure every rank's (collective): the first rank's reason, in rank
+/// order, or `Ok` when every rank passed.
+fn agree(comm: &dyn Communicator, local: Result<(), String>) -> Result<(), String> {
+    let reason = local.err().unwrap_or_default();
+    let reasons = allgatherv(comm, reason.as_bytes()).map_err(|e| e.to_string())?;
+    match reasons.iter().find(|r| !r.is_empty()) {
+        Some(r) => Err(String::from_utf8_lossy(r).into_owned()),
+        None => Ok(()),
+    }
+}
+
+/// The first particle whose velocity is NaN or infinite, as a message.
+fn finite_velocities(p: &Particles) -> Result<(), String> {
+    match p.vel.iter().position(|v| !v.iter().all(|x| x.is_finite())) {
+        Some(i) => Err(format!(
+            "particle {} has a non-finite velocity ({}, {}, {}); the simulation state is corrupt",
+            p.id[i],
+            short(p.vel[i][0]),
+            short(p.vel[i][1]),
+            short(p.vel[i][2])
+        )),
+        None => Ok(()),
+    }
+}
+
 /// Takes the run folder's lock on rank 0 (collective): every rank fails alike, with the
 /// holder's PID, when another process writes the folder.
 fn lock_run_folder(run_dir: &Path, comm: &dyn Communicator) -> Result<Option<RunLock>, RunError> {
-    let (lock, refusal) = if comm.rank() == 0 {
+    let (lock, local) = if comm.rank() == 0 {
         match RunLock::acquire(run_dir) {
-            Ok(lock) => (Some(lock), String::new()),
-            Err(e) => (None, e.to_string()),
+            Ok(lock) => (Some(lock), Ok(())),
+            Err(e) => (None, Err(e.to_string())),
         }
     } else {
-        (None, String::new())
+        (None, Ok(()))
     };
-    let refusals = allgatherv(comm, refusal.as_bytes())?;
-    match refusals.first().filter(|r| !r.is_empty()) {
-        Some(r) => Err(RunError::State(String::from_utf8_lossy(r).into_owned())),
-        None => Ok(lock),
-    }
+    agree(comm, local).map_err(RunError::State)?;
+    Ok(lock)
 }
 
 /// Removes the snapshots numbered `first` and later, in either layout (`snap_NNN.hdf5` of

@@ -481,3 +481,89 @@ fn header_counts_are_bounded_by_what_the_file_holds() {
         }
     }
 }
+
+/// An N-body-unit IC file of `n` particles in a unit cube, IDs from 100, with `edit`
+/// applied to positions and velocities.
+fn write_ic(path: &Path, n: usize, edit: impl FnOnce(&mut [[f64; 3]], &mut [[f64; 3]])) {
+    let _guard = hdf5_lock();
+    let mut s = 5u64;
+    let mut rnd = move || {
+        s = s
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (s >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+    };
+    let mut pos: Vec<[f64; 3]> = (0..n).map(|_| [rnd(), rnd(), rnd()]).collect();
+    let mut vel = vec![[0.0; 3]; n];
+    edit(&mut pos, &mut vel);
+    let f = hdf5::File::create(path).unwrap();
+    let h = f.create_group("Header").unwrap();
+    h.new_attr::<i64>()
+        .shape(6)
+        .create("NumPart_ThisFile")
+        .unwrap()
+        .write_raw(&[0, n as i64, 0, 0, 0, 0])
+        .unwrap();
+    h.new_attr::<f64>()
+        .shape(6)
+        .create("MassTable")
+        .unwrap()
+        .write_raw(&[0.0, 1.0 / n as f64, 0.0, 0.0, 0.0, 0.0])
+        .unwrap();
+    let g = f.create_group("PartType1").unwrap();
+    for (name, v) in [("Coordinates", &pos), ("Velocities", &vel)] {
+        g.new_dataset::<f64>()
+            .shape((n, 3))
+            .create(name)
+            .unwrap()
+            .write_raw(v.as_flattened())
+            .unwrap();
+    }
+    let ids: Vec<u64> = (100..100 + n as u64).collect();
+    g.new_dataset::<u64>()
+        .shape(n)
+        .create("ParticleIDs")
+        .unwrap()
+        .write_raw(&ids)
+        .unwrap();
+    f.close().unwrap();
+}
+
+#[test]
+fn a_particle_far_out_is_refused_by_forces_and_stops_a_run_before_its_snapshot() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // forces: one particle at |x| = 1e40 made every force NaN, exit 0.
+    let far = d.join("far.hdf5");
+    write_ic(&far, 1000, |pos, _| pos[17] = [1e40, 0.0, 0.0]);
+    let out = run_in(
+        d,
+        &["forces", "far.hdf5", "-o", "f.hdf5", "--softening", "0.05"],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("far.hdf5") && err.contains("particle 117 is at (1e40, 0, 0)"),
+        "{err}"
+    );
+    assert!(!d.join("f.hdf5").exists());
+    // run: a particle launched at 1e20 leaves the range in its first drift; the run stops
+    // there and no snapshot holds the bad state.
+    let ic = d.join("fast.hdf5");
+    write_ic(&ic, 1000, |_, vel| vel[3] = [1e20, 0.0, 0.0]);
+    let cfg = format!(
+        "name = \"fast\"\noutput_dir = \"runs\"\nunits = \"nbody\"\n[ics]\nfile = \"{}\"\n[gravity]\nsolver = \"fmm\"\nsoftening = 0.05\n[integrator]\nt_end = 0.1\ndt_max = 0.05\nfixed_step = true\n[output]\nsnapshot_interval = 0.05\n",
+        ic.display()
+    );
+    let cfg = write(d, "fast.toml", &cfg);
+    let out = run_in(d, &["run", cfg.to_str().unwrap(), "--quiet"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("particle 103 is at (5e18, ") && err.contains("beyond |x| = 1e15"),
+        "{err}"
+    );
+    let snaps = d.join("runs/fast/snapshots");
+    assert!(snaps.join("snap_000.hdf5").exists());
+    assert!(!snaps.join("snap_001.hdf5").exists(), "no snapshot after");
+}

@@ -122,6 +122,9 @@ pub fn execute(args: ForcesArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) 
     if n == 0 {
         bail!("{}: the snapshot holds no particles", path.display());
     }
+    // Refused rather than evaluated: one particle far out makes every force NaN.
+    leapfmm::gravity::check_finite(&data.particles)
+        .with_context(|| format!("{}: no forces computed", path.display()))?;
     if args.output.is_some() && data.files.len() > 1 {
         bail!(
             "{}: -o cannot copy a multi-file snapshot; omit -o to add the forces to its files",

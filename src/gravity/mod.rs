@@ -9,6 +9,7 @@ pub mod pairwise;
 pub mod softening;
 
 use crate::fmm::caps::Caps;
+use crate::format::short;
 use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
 use rayon::prelude::*;
@@ -67,6 +68,17 @@ pub enum GravityError {
         what: &'static str,
         /// The offending value.
         value: f64,
+    },
+    /// A particle lies farther out than the solvers can represent.
+    #[error(
+        "particle {id} is at ({}, {}, {}), beyond |x| = 1e15 code units, where the expansions overflow; the input or the integration is wrong",
+        short(pos[0]), short(pos[1]), short(pos[2])
+    )]
+    OutOfRange {
+        /// Particle ID.
+        id: u64,
+        /// Its position.
+        pos: [f64; 3],
     },
     /// Ranks could not exchange data (another rank failed, or a timeout).
     #[error("{0}")]
@@ -213,42 +225,58 @@ pub fn active_flags(rows: &[u32], n: usize) -> Vec<bool> {
     flags
 }
 
-/// Rejects NaN/Inf positions and masses before a solver turns them into garbage forces.
+/// Largest coordinate magnitude the force solvers accept, in code units (kpc in galactic
+/// units): an FMM expansion of order p holds powers of the cell size up to about 2p, which
+/// overflow f64 near 1e30 (NaN for every particle at 1e40, measured). 1e15 kpc is 2e8 times
+/// the Hubble radius: a position beyond it is an input or integration error.
+pub const MAX_COORDINATE: f64 = 1e15;
+
+/// Rejects NaN/Inf or out-of-range (|x| > `MAX_COORDINATE`) positions and non-finite masses
+/// before a solver turns them into garbage forces.
 pub fn check_finite(particles: &Particles) -> Result<(), GravityError> {
     // In parallel, chunk by chunk (a serial scan took 0.030 s of every evaluation at 1e7
     // particles, this 0.020 s on two cores and less on more); the first bad particle in
     // index order is the one reported, whatever the threads.
     const CHUNK: usize = 1 << 14;
     // Folded with `&` rather than stopped at the first bad value, so the compiler can test
-    // many values at once.
+    // many values at once; a NaN fails the comparison too.
+    let in_range = |v: &[f64]| {
+        v.iter()
+            .fold(true, |ok, x| ok & (x.abs() <= MAX_COORDINATE))
+    };
     let all_finite = |v: &[f64]| v.iter().fold(true, |ok, x| ok & x.is_finite());
     let range = |c: usize| c * CHUNK..((c + 1) * CHUNK).min(particles.len());
     let first = (0..particles.len().div_ceil(CHUNK))
         .into_par_iter()
         .find_first(|&c| {
             let r = range(c);
-            !(all_finite(particles.pos[r.clone()].as_flattened()) && all_finite(&particles.mass[r]))
+            !(in_range(particles.pos[r.clone()].as_flattened()) && all_finite(&particles.mass[r]))
         })
         .and_then(|c| {
-            range(c).find(|&i| !all_finite(&particles.pos[i]) || !particles.mass[i].is_finite())
+            range(c).find(|&i| !in_range(&particles.pos[i]) || !particles.mass[i].is_finite())
         });
     if let Some(i) = first {
+        let id = particles.id[i];
         for &x in &particles.pos[i] {
             if !x.is_finite() {
                 return Err(GravityError::NonFinite {
-                    id: particles.id[i],
+                    id,
                     what: "position",
                     value: x,
                 });
             }
         }
-        if !particles.mass[i].is_finite() {
-            return Err(GravityError::NonFinite {
-                id: particles.id[i],
-                what: "mass",
-                value: particles.mass[i],
+        if !in_range(&particles.pos[i]) {
+            return Err(GravityError::OutOfRange {
+                id,
+                pos: particles.pos[i],
             });
         }
+        return Err(GravityError::NonFinite {
+            id,
+            what: "mass",
+            value: particles.mass[i],
+        });
     }
     Ok(())
 }
@@ -288,6 +316,14 @@ mod tests {
         let e = check_finite(&p).unwrap_err().to_string();
         assert!(
             e.starts_with("particle 1005 has a non-finite position (inf)"),
+            "{e}"
+        );
+        p.pos[5] = [5.0, -5.0, 0.5];
+        p.mass[5] = 1.0;
+        p.pos[7][0] = -1e40;
+        let e = check_finite(&p).unwrap_err().to_string();
+        assert!(
+            e.starts_with("particle 1007 is at (-1e40, -7, 0.5), beyond |x| = 1e15"),
             "{e}"
         );
     }
