@@ -11,7 +11,9 @@
 // segment of up to P2P_RUN sources in f32 for each of its targets and adds those sums into
 // f64 accumulators, and the groups' f64 sums of a target are added in group order at the
 // end of the round: a fixed order, so the results are the same bits on every run (no
-// atomics). Zero separations (a particle with itself) add nothing.
+// atomics). A zero separation (a particle with itself, or another at exactly its place)
+// adds no force and the kernel's central potential m/ε; each target's own term is taken
+// back out when its leaf is on its own list, as the CPU's near field does.
 #include "common.cuh"
 
 // The pair families of the tile loop: the two softened ones of common.cuh, and Newtonian
@@ -24,6 +26,8 @@ struct PairSoftening {
     float h;      // spline: the support, its inverse and its square
     float h_inv;
     float h2;
+    float p0;     // the central potential factor p(0) = 1/ε (0: Newtonian)
+    double self_p0;  // p(0) in f64 when the target leaf is on its own list, else 0
 };
 
 // Largest block (a power of two): a block scans that many leaves of its list at once, and
@@ -57,12 +61,13 @@ struct P2pShared {
 // carries no test of them; each source is one 16-byte shared-memory load, the same for
 // every thread of a group (a broadcast), used for all T targets.
 //
-// A zero separation (the particle itself, or one at the same place) adds nothing, as in the
-// CPU's pair sums. Where the factors stay finite at r = 0 that is one select of the mass
-// (Plummer: ε² > 0). The spline floors r² at 1e-30 so that they do; such a pair lies inside
-// the support, so its factors are zeroed on the polynomials' branch and the Newtonian
-// branch, where most pairs go, masks nothing. Newtonian pairs also replace r² = 0 by a far
-// one.
+// A zero separation (the particle itself, or one at the same place) adds no force and the
+// central potential p(0), as in the CPU's pair sums. Plummer's factors are finite at r = 0
+// (ε² > 0) and its p(0) is 1/ε already; the force vanishes with the separation. The spline
+// floors r² at 1e-30 so that its factors stay finite; such a pair lies inside the support,
+// so the polynomials' branch zeroes its force and puts p(0) in its potential, and the
+// Newtonian branch, where most pairs go, masks nothing. Newtonian pairs replace r² = 0 by
+// a far one and add nothing.
 template <int FAMILY, int T>
 __device__ __forceinline__ void add_tile(const float4* tile, unsigned n, const float* xi,
                                          const float* yi, const float* zi,
@@ -90,11 +95,10 @@ __device__ __forceinline__ void add_tile(const float4* tile, unsigned n, const f
                 } else {
                     spline_inside(r2s * inv_r, inv_r, soft.h, soft.h_inv, &f, &p);
                     f = r2 > 0.0f ? f : 0.0f;
-                    p = r2 > 0.0f ? p : 0.0f;
+                    p = r2 > 0.0f ? p : soft.p0;
                 }
             } else if (FAMILY == LEAPFMM_PLUMMER) {
                 plummer_factors(r2, soft.eps2, &f, &p);
-                m = r2 > 0.0f ? m : 0.0f;
             } else {
                 const bool pair = r2 > 0.0f;
                 m = pair ? m : 0.0f;
@@ -258,6 +262,7 @@ __device__ __forceinline__ void p2p_targets(
                 acc[3 * i + 1] += g * ay[t];
                 acc[3 * i + 2] += g * az[t];
                 pot[i] -= g * ph[t];
+                if (soft.self_p0 != 0.0) pot[i] += g * (mass[i] * soft.self_p0);
             }
         }
     }
@@ -335,7 +340,9 @@ extern "C" __global__ void __launch_bounds__(P2P_MAX_BLOCK, 10) p2p_leaves(
     const unsigned* __restrict__ targets,     // the target leaves, one per block
     const unsigned long long* __restrict__ spans,  // per leaf: (start << 32 | len) in `sources`
     const unsigned* __restrict__ sources,          // source leaves
-    int kernel, float eps2, float h, double g,
+    int kernel, float eps2, float h,
+    double p0,  // the central potential factor 1/ε in f64, as the CPU has it
+    double g,
     double* __restrict__ acc,   // 3 per particle (+=)
     double* __restrict__ pot)   // per particle (+=)
 {
@@ -355,11 +362,18 @@ extern "C" __global__ void __launch_bounds__(P2P_MAX_BLOCK, 10) p2p_leaves(
     const unsigned last = first + (unsigned)(span & 0xffffffffu);
     // The spline needs a positive support and Plummer softening a positive ε²; without
     // them the forces are Newtonian.
-    const PairSoftening soft = {eps2, h, 1.0f / h, h * h};
-    if (kernel == LEAPFMM_SPLINE && h > 0.0f) {
+    // Every thread reads the list (the same addresses: broadcasts) for the leaf itself.
+    bool self_listed = false;
+    for (unsigned k = first; k < last; ++k) self_listed |= sources[k] == leaf;
+    const bool spline = kernel == LEAPFMM_SPLINE && h > 0.0f;
+    const bool plummer = kernel == LEAPFMM_PLUMMER && eps2 > 0.0f;
+    const double central = spline || plummer ? p0 : 0.0;
+    const PairSoftening soft = {eps2, h, 1.0f / h, h * h, (float)central,
+                                self_listed ? central : 0.0};
+    if (spline) {
         p2p_sized<LEAPFMM_SPLINE>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx,
                                   cy, cz, t_begin, t_end, soft, g, sh, acc, pot);
-    } else if (kernel == LEAPFMM_PLUMMER && eps2 > 0.0f) {
+    } else if (plummer) {
         p2p_sized<LEAPFMM_PLUMMER>(pos, mass, leaf_begin, leaf_end, sources, first, last, cx,
                                    cy, cz, t_begin, t_end, soft, g, sh, acc, pot);
     } else {

@@ -418,3 +418,66 @@ fn partial_evaluations_do_not_shrink_the_caps_the_full_ones_need() {
         "the caps shrank on the partial evaluations"
     );
 }
+
+/// Two particles at exactly one place (and, in the second case, 1e-12 apart) plus a third
+/// far off: each of the pair feels the other's central potential -G m/ε (the kernel's value
+/// at r = 0, the limit of its value at 1e-12), no force from it, and not itself; the same on
+/// the direct solver and on the FMM in both near-field precisions, for both kernels.
+#[test]
+fn coincident_particles_feel_the_kernels_central_potential() {
+    use leapfmm::gravity::DirectSummation;
+    use leapfmm::particles::{Component, Particles};
+    let eps = 0.01;
+    for kernel in [SofteningKernel::Plummer, SofteningKernel::Spline] {
+        for gap in [0.0, 1e-12] {
+            let pos = vec![[0.3, -0.2, 0.1], [0.3 + gap, -0.2, 0.1], [10.3, -0.2, 0.1]];
+            let mass = vec![1.0, 2.0, 0.5];
+            let far = match kernel {
+                SofteningKernel::Plummer => 1.0 / (100.0f64 + eps * eps).sqrt(),
+                SofteningKernel::Spline => 0.1,
+            };
+            let expected = [-2.0 / eps - 0.5 * far, -1.0 / eps - 0.5 * far];
+            let softening = Softening {
+                kernel,
+                epsilon: eps,
+            };
+            let mut p = Particles::default();
+            for (i, x) in pos.iter().enumerate() {
+                p.push(*x, [0.0; 3], mass[i], i as u64 + 1, Component::Halo);
+            }
+            DirectSummation::new(1.0, softening)
+                .compute(&mut p)
+                .unwrap();
+            let mut results = vec![("direct", p.acc.clone(), p.pot.clone())];
+            for near in [NearFieldPrecision::Mixed, NearFieldPrecision::Double] {
+                let mut s = settings(7, 0.5, 16, near);
+                s.softening = softening;
+                let mut solver = FmmSolver::new(s, None);
+                let (mut acc, mut pot) = (vec![[0.0; 3]; 3], vec![0.0; 3]);
+                let ids = [1, 2, 3];
+                solver
+                    .evaluate(&pos, &mass, &ids, &mut acc, &mut pot)
+                    .unwrap();
+                results.push(("fmm", acc, pot));
+            }
+            for (name, acc, pot) in results {
+                for k in 0..2 {
+                    let rel = (pot[k] / expected[k] - 1.0).abs();
+                    assert!(
+                        rel < 1e-6,
+                        "{name} {kernel:?} gap {gap}: particle {k} potential {} vs {}",
+                        pot[k],
+                        expected[k]
+                    );
+                    // Only the third particle pulls (towards +x): G m3 / 10^2.
+                    let ax = acc[k][0] * 100.0 / 0.5;
+                    assert!(
+                        (ax - 1.0).abs() < 1e-3 && acc[k][1].abs() < 1e-9,
+                        "{name} {kernel:?} gap {gap}: particle {k} acceleration {:?}",
+                        acc[k]
+                    );
+                }
+            }
+        }
+    }
+}

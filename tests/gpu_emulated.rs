@@ -504,7 +504,7 @@ fn stopped_and_resumed_on_emulated_gpus(ranks: usize) {
     let out = child.wait_with_output().unwrap();
     assert_eq!(
         out.status.code(),
-        Some(128 + libc::SIGTERM),
+        Some(i32::from(leapfmm::simulation::EXIT_STOPPED)),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );

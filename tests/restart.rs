@@ -100,17 +100,6 @@ fn checkpoints(dir: &Path, name: &str) -> Vec<String> {
     v
 }
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(120),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 #[test]
 fn sigterm_at_a_random_moment_then_resume_is_bit_exact() {
     let reference = straight("term");

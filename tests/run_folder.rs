@@ -174,17 +174,6 @@ fn spawn(dir: &Path, args: &[&str], env: &[(&str, &str)]) -> Child {
         .unwrap()
 }
 
-fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !cond() {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "timed out waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 fn finish(child: Child) -> (Option<i32>, String) {
     let out = child.wait_with_output().unwrap();
     (out.status.code(), stderr(&out))

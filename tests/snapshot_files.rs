@@ -371,12 +371,8 @@ fn analyze_reads_another_codes_file_with_masstable_masses() {
     assert!(dir.path().join("an/faceon_000.png").is_file());
 }
 
-/// A small GADGET file whose header lies: `count` particles of PartType1 declared,
-/// `stored` actually written (or, with `unwritten`, chunked datasets of `count` rows with no
-/// chunk ever written), over `files` files.
-fn write_crafted(path: &Path, count: i64, stored: usize, unwritten: bool, files: i32) {
-    let _guard = hdf5_lock();
-    let f = hdf5::File::create(path).unwrap();
+/// A header of `count` PartType1 particles (i64 counts) of mass `mass` over `files` files.
+fn write_header(f: &hdf5::File, count: i64, mass: f64, files: i32) {
     let h = f.create_group("Header").unwrap();
     h.new_attr::<i64>()
         .shape(6)
@@ -388,13 +384,22 @@ fn write_crafted(path: &Path, count: i64, stored: usize, unwritten: bool, files:
         .shape(6)
         .create("MassTable")
         .unwrap()
-        .write_raw(&[0.0, 0.001, 0.0, 0.0, 0.0, 0.0])
+        .write_raw(&[0.0, mass, 0.0, 0.0, 0.0, 0.0])
         .unwrap();
     h.new_attr::<i32>()
         .create("NumFilesPerSnapshot")
         .unwrap()
         .write_scalar(&files)
         .unwrap();
+}
+
+/// A small GADGET file whose header lies: `count` particles of PartType1 declared,
+/// `stored` actually written (or, with `unwritten`, chunked datasets of `count` rows with no
+/// chunk ever written), over `files` files.
+fn write_crafted(path: &Path, count: i64, stored: usize, unwritten: bool, files: i32) {
+    let _guard = hdf5_lock();
+    let f = hdf5::File::create(path).unwrap();
+    write_header(&f, count, 0.001, files);
     let g = f.create_group("PartType1").unwrap();
     let rows = if unwritten { count as usize } else { stored };
     for name in ["Coordinates", "Velocities"] {
@@ -497,19 +502,7 @@ fn write_ic(path: &Path, n: usize, edit: impl FnOnce(&mut [[f64; 3]], &mut [[f64
     let mut vel = vec![[0.0; 3]; n];
     edit(&mut pos, &mut vel);
     let f = hdf5::File::create(path).unwrap();
-    let h = f.create_group("Header").unwrap();
-    h.new_attr::<i64>()
-        .shape(6)
-        .create("NumPart_ThisFile")
-        .unwrap()
-        .write_raw(&[0, n as i64, 0, 0, 0, 0])
-        .unwrap();
-    h.new_attr::<f64>()
-        .shape(6)
-        .create("MassTable")
-        .unwrap()
-        .write_raw(&[0.0, 1.0 / n as f64, 0.0, 0.0, 0.0, 0.0])
-        .unwrap();
+    write_header(&f, n as i64, 1.0 / n as f64, 1);
     let g = f.create_group("PartType1").unwrap();
     for (name, v) in [("Coordinates", &pos), ("Velocities", &vel)] {
         g.new_dataset::<f64>()

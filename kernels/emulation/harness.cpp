@@ -139,6 +139,7 @@ int main(int argc, char** argv) {
         auto kernel = in.one<int32_t>();
         auto block = in.one<uint32_t>();
         auto eps2 = in.one<float>(), h = in.one<float>();
+        auto p0 = in.one<double>();
         auto g = in.one<double>();
         auto pos = in.many<double>(3 * n);
         auto mass = in.many<double>(n);
@@ -150,7 +151,7 @@ int main(int argc, char** argv) {
         std::vector<double> acc(3 * n, 0.0), pot(n, 0.0);
         launch(targets, block, p2p_leaves, pos.data(), mass.data(), begin.data(), end.data(),
                centre.data(), target.data(), (const unsigned long long*)spans.data(),
-               list.data(), (int)kernel, eps2, h, g, acc.data(), pot.data());
+               list.data(), (int)kernel, eps2, h, p0, g, acc.data(), pot.data());
         put(out, acc);
         put(out, pot);
     } else if (mode == "integrate") {
@@ -327,6 +328,7 @@ int main(int argc, char** argv) {
         auto kernel = in.one<int32_t>();
         auto block = in.one<uint32_t>();
         auto eps2 = in.one<float>(), h = in.one<float>();
+        auto p0 = in.one<double>();
         auto g = in.one<double>();
         auto pos = in.many<double>(3 * n);
         auto mass = in.many<double>(n);
@@ -388,7 +390,7 @@ int main(int argc, char** argv) {
                (const double*)mass.data(), (const unsigned*)begin.data(),
                (const unsigned*)end.data(), (const double*)centre.data(),
                (const unsigned*)leaves.data(), (const unsigned long long*)p2p_spans.data(),
-               (const unsigned*)p2p_list.data(), (int)kernel, eps2, h, g, acc.data(), pot.data());
+               (const unsigned*)p2p_list.data(), (int)kernel, eps2, h, p0, g, acc.data(), pot.data());
         put(out, acc);
         put(out, pot);
     } else if (mode == "flags") {

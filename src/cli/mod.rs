@@ -36,7 +36,8 @@ enum Command {
 }
 
 /// Parses the arguments, runs the subcommand, and turns its result into an exit code:
-/// 0 success, 1 error (one line on stderr), 2 bad usage, 128+N stopped by signal N.
+/// 0 success, 1 error (one line on stderr), 2 bad usage, 75 stopped cleanly by a signal
+/// (checkpoint written), 130 a second SIGINT (docs/formats.md, "Exit status").
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     #[cfg(feature = "mpi")]

@@ -5,7 +5,7 @@
 use super::tree::Tree;
 use crate::gravity::pairwise::{
     KernelFn, LANES_F32, LANES_F64, PairParams, Staged, TARGET_BLOCK, evaluate_targets, select_f32,
-    select_f64,
+    select_f64, self_potential,
 };
 use crate::gravity::softening::{Real, Softening};
 use serde::{Deserialize, Serialize};
@@ -61,6 +61,9 @@ impl<T: Real, const L: usize> Kernels<T, L> {
 pub struct NearField {
     precision: NearFieldPrecision,
     g: f64,
+    /// The uniform softening length (its central potential is taken back out of each
+    /// particle's own pair).
+    epsilon: f64,
     single: Kernels<f32, LANES_F32>,
     double: Kernels<f64, LANES_F64>,
 }
@@ -71,6 +74,7 @@ impl NearField {
         NearField {
             precision,
             g,
+            epsilon: softening.epsilon,
             single: Kernels::new(select_f32().0, softening),
             double: Kernels::new(select_f64().0, softening),
         }
@@ -88,7 +92,7 @@ impl NearField {
     ) {
         let per_particle = !tree.eps.is_empty();
         let job = (tree, target);
-        match self.precision {
+        let self_listed = match self.precision {
             NearFieldPrecision::Mixed => {
                 let k = self.single.pick(per_particle);
                 stage_and_sum(job, sources, &mut scratch.single, k, self.g, acc, pot)
@@ -97,12 +101,23 @@ impl NearField {
                 let k = self.double.pick(per_particle);
                 stage_and_sum(job, sources, &mut scratch.double, k, self.g, acc, pot)
             }
+        };
+        if self_listed {
+            let cell = tree.cells[target as usize];
+            for (k, i) in (cell.begin as usize..cell.end as usize).enumerate() {
+                let eps = if per_particle {
+                    tree.eps[i]
+                } else {
+                    self.epsilon
+                };
+                pot[k] += self.g * self_potential(tree.mass[i], eps);
+            }
         }
     }
 }
 
 /// Stages the source leaves relative to the target leaf's centre and runs the kernel on
-/// the target leaf's particles.
+/// the target leaf's particles; returns whether the target leaf was among the sources.
 fn stage_and_sum<T: Real, const L: usize>(
     (tree, target): (&Tree, u32),
     sources: impl Iterator<Item = u32>,
@@ -111,11 +126,13 @@ fn stage_and_sum<T: Real, const L: usize>(
     g: f64,
     acc: &mut [[f64; 3]],
     pot: &mut [f64],
-) {
+) -> bool {
     let cell = tree.cells[target as usize];
     let origin = cell.centre;
     staged.clear();
+    let mut self_listed = false;
     for s in sources {
+        self_listed |= s == target;
         let c = tree.cells[s as usize];
         let range = c.begin as usize..c.end as usize;
         let eps = params.is_per_particle().then(|| &tree.eps[range.clone()]);
@@ -134,4 +151,5 @@ fn stage_and_sum<T: Real, const L: usize>(
         acc,
         pot,
     );
+    self_listed
 }

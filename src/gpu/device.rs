@@ -2380,6 +2380,9 @@ fn run_passes(
         (eps * eps) as f32,
         (SPLINE_SUPPORT_PER_EPSILON * eps) as f32,
     );
+    // The central potential in f64, so that each particle's own pair is taken back out
+    // exactly as on the CPU.
+    let p0 = crate::gravity::pairwise::self_potential(1.0, eps);
     let mut launch = stream.launch_builder(&k.p2p);
     launch
         .arg(&b.pos.buf)
@@ -2394,6 +2397,7 @@ fn run_passes(
         .arg(&kernel)
         .arg(&eps2)
         .arg(&h)
+        .arg(&p0)
         .arg(&g);
     launch.arg(&mut b.acc.buf).arg(&mut b.pot.buf);
     let config = LaunchConfig {

@@ -78,6 +78,9 @@ pub fn direct_at(
     let mut acc = vec![[0.0; 3]; points.len()];
     let mut pot = vec![0.0; points.len()];
     solver.evaluate(&sources, &points, &mut acc, &mut pot);
+    for (p, &i) in pot.iter_mut().zip(targets) {
+        *p += solver.self_term(mass[i], None);
+    }
     (acc, pot)
 }
 

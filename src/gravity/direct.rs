@@ -6,6 +6,7 @@
 
 use super::pairwise::{
     KernelFn, LANES_F64, PairParams, Staged, TARGET_BLOCK, evaluate_targets, select_f64,
+    self_potential,
 };
 use super::softening::Softening;
 use super::{ForceReport, GravityError, GravitySolver, check_finite};
@@ -42,6 +43,8 @@ impl SourceSet {
 #[derive(Debug, Clone)]
 pub struct DirectSummation {
     g: f64,
+    /// The uniform softening length.
+    epsilon: f64,
     params: PairParams<f64>,
     per_particle: PairParams<f64>,
     kernel: KernelFn<f64, LANES_F64, TARGET_BLOCK>,
@@ -56,6 +59,7 @@ impl DirectSummation {
         let (kernel, isa) = select_f64();
         DirectSummation {
             g,
+            epsilon: softening.epsilon,
             params: PairParams::new(softening),
             per_particle: PairParams::per_particle(softening),
             kernel,
@@ -71,13 +75,22 @@ impl DirectSummation {
         self
     }
 
+    /// The G-scaled potential a particle of `mass` (softening `eps`, else the solver's one
+    /// length) gives itself through its zero-separation pair in `evaluate`: a caller whose
+    /// targets are among the sources adds it back to each target's potential, so that a
+    /// particle feels every other one (an exact duplicate included) but not itself.
+    pub fn self_term(&self, mass: f64, eps: Option<f64>) -> f64 {
+        self.g * self_potential(mass, eps.unwrap_or(self.epsilon))
+    }
+
     /// The instruction set the kernel was specialised for ("avx512", "avx2" or "portable").
     pub fn instruction_set(&self) -> &'static str {
         self.isa
     }
 
     /// Accelerations and potentials at arbitrary `targets` from `sources` (overwriting
-    /// `acc` and `pot`). A target that coincides exactly with a source does not feel it.
+    /// `acc` and `pot`). A source at exactly a target's place adds no force and the kernel's
+    /// central potential (a target that is itself a source: see `self_term`).
     pub fn evaluate(
         &self,
         sources: &SourceSet,
@@ -178,9 +191,14 @@ impl DirectSummation {
                 self.evaluate_softened(&sources, &at, Some(&target_eps), &mut acc, &mut pot);
             }
         }
+        let eps = |i: usize| {
+            self.component_softening
+                .map(|table| table[particles.component[i].index()])
+        };
         for (k, &i) in targets.iter().enumerate() {
-            particles.acc[i as usize] = acc[k];
-            particles.pot[i as usize] = pot[k];
+            let i = i as usize;
+            particles.acc[i] = acc[k];
+            particles.pot[i] = pot[k] + self.self_term(particles.mass[i], eps(i));
         }
         let (t, n) = (targets.len() as u64, n as u64);
         Ok(ForceReport {
@@ -259,6 +277,10 @@ mod tests {
             let mut acc = vec![[0.0; 3]; pos.len()];
             let mut pot = vec![0.0; pos.len()];
             solver.evaluate(&src, &pos, &mut acc, &mut pot);
+            // The targets are the sources: each takes its own pair back out.
+            for (p, &m) in pot.iter_mut().zip(&mass) {
+                *p += solver.self_term(m, None);
+            }
             let (ra, rp) = reference(&pos, &mass, 2.0, soft);
             for i in 0..pos.len() {
                 for k in 0..3 {

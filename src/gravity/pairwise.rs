@@ -79,6 +79,8 @@ pub struct PairParams<T> {
     kernel: SofteningKernel,
     eps2: T,
     spline_h: T,
+    /// The kernel's central potential factor `p(0) = 1/ε` (0 for Newtonian gravity).
+    central: T,
     /// Softening lengths per particle (the staged sources' and the targets'); a pair is
     /// softened with the larger of its two (GADGET's rule, symmetric, so momentum is kept).
     per_particle: bool,
@@ -91,6 +93,7 @@ impl<T: Real> PairParams<T> {
             kernel: softening.kernel,
             eps2: T::lit(softening.epsilon * softening.epsilon),
             spline_h: T::lit(SPLINE_SUPPORT_PER_EPSILON * softening.epsilon),
+            central: T::lit(self_potential(1.0, softening.epsilon)),
             per_particle: false,
         }
     }
@@ -109,8 +112,23 @@ impl<T: Real> PairParams<T> {
     }
 }
 
+/// The central potential factor `p(0)` of a pair softened with Plummer-equivalent length
+/// `e`: `1/e` for both kernels (the spline's `2.8/h`), none for Newtonian pairs.
+#[inline(always)]
+fn central_of<T: Real>(e: T) -> T {
+    if e > T::ZERO { T::ONE / e } else { T::ZERO }
+}
+
+/// The term a particle of mass `mass` and softening `epsilon` adds to its own potential sum
+/// through the zero-separation pair with itself (`m p(0)`, G-free): the solvers subtract it
+/// once per particle whose own leaf (or set) was among the sources, so that only the other
+/// particles (an exact duplicate included) count.
+pub fn self_potential(mass: f64, epsilon: f64) -> f64 {
+    if epsilon > 0.0 { mass / epsilon } else { 0.0 }
+}
+
 /// For each of `TB` targets: Σ m f(r) dx, dy, dz and Σ m p(r) over all staged sources
-/// (G-free; zero separations excluded).
+/// (G-free; a zero separation adds no force and the central potential `m p(0)`).
 pub type BlockSums<const TB: usize> = [[f64; 4]; TB];
 
 /// The portable kernel body; inlined into each target-feature entry point. `target_eps` are
@@ -132,34 +150,44 @@ pub fn block_sums<T: Real, const L: usize, const TB: usize>(
     match (params.kernel, params.per_particle) {
         (SofteningKernel::Plummer, false) => {
             let eps2 = params.eps2;
+            let p0 = params.central;
             sums_with::<T, L, TB, false>(
                 src,
                 targets,
                 target_eps,
                 |_| None,
                 |r2, _| plummer_factors(r2, eps2),
+                |_| p0,
             )
         }
         (SofteningKernel::Spline, false) if params.spline_h > T::ZERO => {
             let h = params.spline_h;
             let from = h * h * margin;
+            let p0 = params.central;
             sums_with::<T, L, TB, false>(
                 src,
                 targets,
                 target_eps,
                 |_| Some(from),
                 |r2, _| spline_factors(r2, h),
+                |_| p0,
             )
         }
-        (SofteningKernel::Spline, false) => {
-            sums_with::<T, L, TB, false>(src, targets, target_eps, |_| None, |r2, _| newton(r2))
-        }
+        (SofteningKernel::Spline, false) => sums_with::<T, L, TB, false>(
+            src,
+            targets,
+            target_eps,
+            |_| None,
+            |r2, _| newton(r2),
+            |_| T::ZERO,
+        ),
         (SofteningKernel::Plummer, true) => sums_with::<T, L, TB, true>(
             src,
             targets,
             target_eps,
             |_| None,
             |r2, e| plummer_factors(r2, e * e),
+            central_of,
         ),
         (SofteningKernel::Spline, true) => {
             let support = c(SPLINE_SUPPORT_PER_EPSILON);
@@ -176,6 +204,7 @@ pub fn block_sums<T: Real, const L: usize, const TB: usize>(
                         newton(r2)
                     }
                 },
+                central_of,
             )
         }
     }
@@ -193,6 +222,7 @@ fn sums_with<T: Real, const L: usize, const TB: usize, const PER_PARTICLE: bool>
     target_eps: &[T; TB],
     newtonian_from: impl Fn(T) -> Option<T>,
     factors: impl Fn(T, T) -> (T, T),
+    central: impl Fn(T) -> T,
 ) -> BlockSums<TB> {
     let max = |a: T, b: T| if a > b { a } else { b };
     let mut total = [[[0.0f64; L]; 4]; TB];
@@ -226,17 +256,19 @@ fn sums_with<T: Real, const L: usize, const TB: usize, const PER_PARTICLE: bool>
                     }
                     all
                 });
-                let pair = |l: usize, (f, p): (T, T)| {
-                    // Zero separation is the particle itself (or an exact duplicate).
+                // At zero separation (the particle itself, or one at exactly the same
+                // place) there is no force and the kernel's central potential `p0`; the
+                // caller takes each target's own term back out (`self_potential`).
+                let pair = |l: usize, (f, p): (T, T), p0: T| {
                     let r2 = d[3][l];
                     let mf = if r2 > T::ZERO { ms[l] * f } else { T::ZERO };
-                    let mp = if r2 > T::ZERO { ms[l] * p } else { T::ZERO };
+                    let mp = ms[l] * if r2 > T::ZERO { p } else { p0 };
                     (mf, mp)
                 };
                 if newtonian {
                     for l in 0..L {
                         let inv = T::ONE / d[3][l].sqrt();
-                        let (mf, mp) = pair(l, (inv * inv * inv, inv));
+                        let (mf, mp) = pair(l, (inv * inv * inv, inv), T::ZERO);
                         ax[t][l] += d[0][l] * mf;
                         ay[t][l] += d[1][l] * mf;
                         az[t][l] += d[2][l] * mf;
@@ -249,7 +281,7 @@ fn sums_with<T: Real, const L: usize, const TB: usize, const PER_PARTICLE: bool>
                         } else {
                             T::ZERO
                         };
-                        let (mf, mp) = pair(l, factors(d[3][l], e));
+                        let (mf, mp) = pair(l, factors(d[3][l], e), central(e));
                         ax[t][l] += d[0][l] * mf;
                         ay[t][l] += d[1][l] * mf;
                         az[t][l] += d[2][l] * mf;

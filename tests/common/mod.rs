@@ -186,3 +186,15 @@ pub fn run_measured(cwd: &Path, args: &[&str]) -> Measured {
         wall,
     }
 }
+
+/// Polls `cond` every 5 ms until it holds; fails the test after 120 s, naming `what`.
+pub fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !cond() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(120),
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
