@@ -680,6 +680,7 @@ impl<'a> Simulation<'a> {
         let run_dir = &spec.run_dir;
         let (rank, ranks) = (comm.rank(), comm.size());
         let ckpt_dir = checkpoint_dir(run_dir);
+        let existed = run_dir.exists();
         // Before looking at the folder: no other process may write it from here on.
         let lock = lock_run_folder(run_dir, comm)?;
         let existing = checkpoint::list(&ckpt_dir)?;
@@ -694,6 +695,35 @@ impl<'a> Simulation<'a> {
                 run_dir.display(),
                 spec.source.path.display()
             )));
+        }
+        // A run stopped before its first checkpoint starts again when its config is the one
+        // it was started with (a run is deterministic: the same snapshots come again).
+        let same_config = std::fs::read_to_string(run_dir.join("config.toml"))
+            .is_ok_and(|t| t == spec.source.text);
+        if has_outputs && existing.is_empty() && !same_config {
+            // Without a checkpoint nothing proves the config still describes that run: a
+            // fresh start would overwrite its snapshots with another trajectory.
+            let snapshots = snapshot_dir(run_dir)
+                .read_dir()
+                .map_or(0, |d| d.flatten().count());
+            return Err(RunError::State(format!(
+                "run folder {} holds {snapshots} snapshot(s){} but no checkpoint, and its config.toml differs from {}, so --resume cannot continue it; to start afresh, remove the folder (or change 'name')",
+                run_dir.display(),
+                if run_dir.join("diagnostics.csv").exists() {
+                    " and diagnostics.csv"
+                } else {
+                    ""
+                },
+                spec.source.path.display()
+            )));
+        }
+        if options.resume && !existed && rank == 0 {
+            // Said even when quiet: a typo in 'name' or output_dir starts a new run.
+            eprintln!(
+                "{}: run folder {} does not exist; starting a fresh run",
+                c.name,
+                run_dir.display()
+            );
         }
         // Every rank has looked at the folder before rank 0 writes into it.
         comm.barrier()?;
@@ -722,9 +752,9 @@ impl<'a> Simulation<'a> {
             comm.barrier()?;
             Some(resumed)
         } else {
-            if options.resume && has_outputs {
+            if has_outputs {
                 progress.note(&format!(
-                    "{}: no checkpoint yet; starting from the beginning",
+                    "{}: no checkpoint yet; starting again from the beginning with the same config",
                     c.name
                 ));
             }

@@ -370,3 +370,27 @@ fn other_subcommands_reject_bad_arguments() {
     let out = run_in(d, &["run", cfg.to_str().unwrap(), "--ranks", "0"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn resume_never_overwrites_a_run_it_cannot_prove_it_continues() {
+    // A finished run whose checkpoints were deleted to save space, with the config then
+    // edited: --resume used to start again and overwrite its snapshots.
+    let run = finished_run();
+    let d = run.path();
+    std::fs::remove_dir_all(d.join("runs/victim/checkpoints")).unwrap();
+    let edited = base_config().replace("softening = 0.05", "softening = 0.2");
+    let cfg = write(d, "good.toml", &edited);
+    assert_rejected(
+        d,
+        &["run", cfg.to_str().unwrap(), "--resume", "--quiet"],
+        1,
+        &["runs/victim", "snapshot(s)", "no checkpoint", "config.toml differs", "remove the folder"],
+    );
+    // --resume on a folder that does not exist starts a fresh run, and says so when quiet.
+    let fresh = write(d, "fresh.toml", &base_config().replace("victim", "newcomer"));
+    let out = run_in(d, &["run", fresh.to_str().unwrap(), "--resume", "--quiet"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("does not exist; starting a fresh run"), "{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
