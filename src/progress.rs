@@ -1,6 +1,17 @@
 //! Progress reporting: an indicatif bar on a terminal, periodic log lines otherwise, and
 //! nothing with `--quiet`. Notes and warnings always go to stderr unless quiet.
 
+
+/// `eprintln!` that never panics: when stderr is closed (`leapfmm run … 2>&1 | head -1`,
+/// a pager quit early) the printing stops and the run goes on.
+#[macro_export]
+macro_rules! tell {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 use indicatif::{MultiProgress, ProgressBar, ProgressDrawTarget, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -109,7 +120,7 @@ impl Progress {
                     *last = Instant::now();
                     let done = time / t_end;
                     let eta = eta_seconds(elapsed, time_at_start, time, t_end);
-                    eprintln!(
+                    crate::tell!(
                         "[{}] t = {time:.6}/{t_end} ({:.1}%), step {step}, {rate:.1} steps/s, ETA {eta:.0} s",
                         self.label,
                         100.0 * done
@@ -124,7 +135,7 @@ impl Progress {
         match &self.mode {
             Mode::Quiet => {}
             Mode::Bar(bar) => bar.println(message),
-            Mode::Log { .. } => eprintln!("{message}"),
+            Mode::Log { .. } => crate::tell!("{message}"),
         }
     }
 
@@ -133,7 +144,7 @@ impl Progress {
         let line = format!("warning: {message}");
         match &self.mode {
             Mode::Bar(bar) => bar.println(line),
-            _ => eprintln!("{line}"),
+            _ => crate::tell!("{line}"),
         }
     }
 
@@ -176,7 +187,7 @@ impl CampaignProgress {
                 bar.set_message(current.to_string());
             }
             None if !self.quiet && done < self.total => {
-                eprintln!("campaign: run {}/{}: {current}", done + 1, self.total)
+                crate::tell!("campaign: run {}/{}: {current}", done + 1, self.total)
             }
             None => {}
         }
@@ -186,7 +197,7 @@ impl CampaignProgress {
     pub fn note(&self, message: &str) {
         match &self.bar {
             Some(bar) => bar.println(message),
-            None if !self.quiet => eprintln!("{message}"),
+            None if !self.quiet => crate::tell!("{message}"),
             None => {}
         }
     }

@@ -719,7 +719,7 @@ impl<'a> Simulation<'a> {
         }
         if options.resume && !existed && rank == 0 {
             // Said even when quiet: a typo in 'name' or output_dir starts a new run.
-            eprintln!(
+            crate::tell!(
                 "{}: run folder {} does not exist; starting a fresh run",
                 c.name,
                 run_dir.display()

@@ -431,3 +431,24 @@ fn a_checkpoint_write_that_fails_leaves_no_temporary_file() {
         .collect();
     assert!(left.is_empty(), "nothing half-written is left: {left:?}");
 }
+
+#[test]
+fn a_closed_pipe_does_not_kill_a_run() {
+    // `leapfmm run X.toml 2>&1 | head -1`: the reader goes away before the run's first line.
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "piped");
+    let mut child = bin()
+        .current_dir(dir.path())
+        .args(["run", cfg.to_str().unwrap()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    drop(child.stderr.take());
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(0), "{status:?}");
+    let last = dir.path().join("runs/piped/snapshots/snapdir_002");
+    let single = dir.path().join("runs/piped/snapshots/snap_002.hdf5");
+    assert!(single.exists() || last.exists(), "the run went on to its end");
+}

@@ -95,7 +95,7 @@ fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("error: {e:#}");
+            leapfmm::tell!("error: {e:#}");
             ExitCode::FAILURE
         }
     }

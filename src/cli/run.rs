@@ -90,7 +90,7 @@ fn campaign(args: &RunArgs) -> Result<ExitCode> {
         .filter_map(|r| r.spec.as_ref().err().map(|e| (&r.name, e)))
         .collect();
     if !args.quiet {
-        eprintln!(
+        leapfmm::tell!(
             "campaign {}: {} runs in {}",
             campaign.name,
             campaign.runs.len(),
@@ -98,7 +98,7 @@ fn campaign(args: &RunArgs) -> Result<ExitCode> {
         );
     }
     for (name, reason) in &rejected {
-        eprintln!("campaign {}: run {name} rejected: {reason}", campaign.name);
+        leapfmm::tell!("campaign {}: run {name} rejected: {reason}", campaign.name);
     }
     let options = CampaignOptions {
         quiet: args.quiet,
@@ -121,7 +121,7 @@ fn campaign(args: &RunArgs) -> Result<ExitCode> {
         .map(|w| format!("{} {w}", count(w)))
         .collect();
     if !args.quiet {
-        eprintln!(
+        leapfmm::tell!(
             "campaign {}: {}; summary in {}",
             campaign.name,
             tally.join(", "),
@@ -130,7 +130,7 @@ fn campaign(args: &RunArgs) -> Result<ExitCode> {
     }
     for (run, status) in campaign.runs.iter().zip(&statuses) {
         if let RunStatus::Failed(reason) = status {
-            eprintln!("  {} failed: {reason}", run.name);
+            leapfmm::tell!("  {} failed: {reason}", run.name);
         }
     }
     Ok(match signal {
@@ -145,7 +145,7 @@ fn exit_code(spec: &RunSpec, outcome: RunOutcome, quiet: bool) -> ExitCode {
     match outcome {
         RunOutcome::Finished { steps, time } => {
             if !quiet {
-                eprintln!(
+                leapfmm::tell!(
                     "{}: finished at t = {time} after {steps} steps; output in {}",
                     spec.config.name,
                     spec.run_dir.display()

@@ -136,7 +136,7 @@ impl Communicator for MpiRank {
     }
 
     fn abort(&self, reason: &str) {
-        eprintln!(
+        crate::tell!(
             "error: rank {} of {} failed: {reason}",
             self.rank(),
             self.size()
