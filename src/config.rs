@@ -593,8 +593,12 @@ fn validate_ics(s: &SourceText, config: &RunConfig) -> Result<IcSource, ConfigEr
                         "a model needs a particle count ics.n",
                     ));
                 }
-                Some(n) if n < 1 => {
-                    return Err(s.invalid("ics.n", n, "the particle count must be at least 1"));
+                Some(n) if n < 2 => {
+                    return Err(s.invalid(
+                        "ics.n",
+                        n,
+                        "the particle count must be at least 2: one particle has no self-gravity (no potential energy, so the virial ratio is undefined)",
+                    ));
                 }
                 Some(n) if n > (1i64 << 40) => {
                     return Err(s.invalid("ics.n", n, "the particle count must be below 2^40"));

@@ -1643,10 +1643,11 @@ fn initial_particles(
         IcSource::File { path } => {
             let data = read_snapshot(path)?;
             let mut p = data.particles;
-            if p.is_empty() {
+            if p.len() < 2 {
                 return Err(RunError::State(format!(
-                    "{}: the file holds no particles",
-                    path.display()
+                    "{}: the file holds {} particle(s); a run needs at least 2 (one has no self-gravity, and its virial ratio is undefined)",
+                    path.display(),
+                    p.len()
                 )));
             }
             match (data.units, spec.config.units.cgs()) {

@@ -188,3 +188,29 @@ fn a_multi_file_run_is_analysed_snapshot_by_snapshot() {
     assert!(analysis.join("conservation.png").is_file());
     assert!(analysis.join("lagrangian.png").is_file());
 }
+
+#[test]
+fn a_snapshot_with_no_particles_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.hdf5");
+    {
+        let _guard = common::hdf5_lock();
+        let f = hdf5::File::create(&path).unwrap();
+        let h = f.create_group("Header").unwrap();
+        h.new_attr::<i64>()
+            .shape(6)
+            .create("NumPart_ThisFile")
+            .unwrap()
+            .write_raw(&[0i64; 6])
+            .unwrap();
+        f.close().unwrap();
+    }
+    let out = common::run_in(dir.path(), &["analyze", "empty.hdf5"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(err.contains("empty.hdf5: the snapshot holds no particles"), "{err}");
+    assert!(
+        !dir.path().join("empty_analysis").exists(),
+        "no folder of NaN files"
+    );
+}

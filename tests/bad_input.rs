@@ -99,7 +99,13 @@ fn bad_config_values_are_named_with_file_key_and_value() {
         &["bad.toml:12:"],
     );
     // Bad values.
-    assert_config_rejected(d, "n = 64", "n = 0", &["ics.n", "= 0", "at least 1"]);
+    assert_config_rejected(d, "n = 64", "n = 0", &["ics.n", "= 0", "at least 2"]);
+    assert_config_rejected(
+        d,
+        "n = 64",
+        "n = 1",
+        &["ics.n", "= 1", "at least 2", "virial ratio is undefined"],
+    );
     assert_config_rejected(d, "n = 64", "n = -5", &["ics.n", "-5"]);
     assert_config_rejected(
         d,

@@ -209,16 +209,26 @@ fn write_file(path: &Path, text: &str, report: &mut Report) -> Result<(), Analyz
 /// Analyses `input` (a run folder or one snapshot) into the folder `output`.
 pub fn analyze(input: &Path, output: &Path, options: Options) -> Result<Report, AnalyzeError> {
     let snapshots = find_snapshots(input)?;
-    std::fs::create_dir_all(output).map_err(|e| AnalyzeError::File {
-        path: output.to_path_buf(),
-        reason: e.to_string(),
-    })?;
     let mut report = Report::default();
     let mut evolution = Evolution::default();
     let mut reference: Option<(f64, f64)> = None;
     for (k, path) in snapshots.iter().enumerate() {
         let data = read_snapshot(path)?;
         let p = &data.particles;
+        if p.is_empty() {
+            // Every profile and map of it would be NaN.
+            return Err(AnalyzeError::Input(format!(
+                "{}: the snapshot holds no particles",
+                path.display()
+            )));
+        }
+        if k == 0 {
+            // Only once there is something to write.
+            std::fs::create_dir_all(output).map_err(|e| AnalyzeError::File {
+                path: output.to_path_buf(),
+                reason: e.to_string(),
+            })?;
+        }
         let disk = disk_component(p);
         let (r_max, r_half) = *reference.get_or_insert_with(|| {
             let r90 = lagrangian_radii(p, disk, &[0.9])[0];
