@@ -774,6 +774,18 @@ fn validate_output(s: &SourceText, c: &RunConfig) -> Result<(), ConfigError> {
             "the wall-clock checkpoint interval must be positive",
         ));
     }
+    // A Duration holds it (and a year of minutes is a checkpoint never taken by the clock).
+    if !(MIN_WALL_MINUTES..=MAX_WALL_MINUTES).contains(&o.checkpoint_wall_minutes) {
+        return Err(s.invalid(
+            "output.checkpoint_wall_minutes",
+            o.checkpoint_wall_minutes,
+            format!(
+                "the wall-clock checkpoint interval must be between {} (0.06 s) and {} minutes (ten years)",
+                short(MIN_WALL_MINUTES),
+                short(MAX_WALL_MINUTES)
+            ),
+        ));
+    }
     if o.keep_checkpoints < 1 {
         return Err(s.invalid(
             "output.keep_checkpoints",
@@ -790,6 +802,11 @@ fn validate_output(s: &SourceText, c: &RunConfig) -> Result<(), ConfigError> {
     }
     Ok(())
 }
+
+/// Shortest wall-clock checkpoint interval, minutes.
+const MIN_WALL_MINUTES: f64 = 1e-3;
+/// Longest wall-clock checkpoint interval, minutes (ten years).
+const MAX_WALL_MINUTES: f64 = 5.26e6;
 
 /// Creates the output folder if needed and proves it is writable with a probe file.
 fn check_writable(s: &SourceText, dir: &Path) -> Result<(), ConfigError> {

@@ -208,7 +208,10 @@ fn a_snapshot_with_no_particles_is_refused() {
     let out = common::run_in(dir.path(), &["analyze", "empty.hdf5"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(1), "{err}");
-    assert!(err.contains("empty.hdf5: the snapshot holds no particles"), "{err}");
+    assert!(
+        err.contains("empty.hdf5: the snapshot holds no particles"),
+        "{err}"
+    );
     assert!(
         !dir.path().join("empty_analysis").exists(),
         "no folder of NaN files"

@@ -390,13 +390,124 @@ fn resume_never_overwrites_a_run_it_cannot_prove_it_continues() {
         d,
         &["run", cfg.to_str().unwrap(), "--resume", "--quiet"],
         1,
-        &["runs/victim", "snapshot(s)", "no checkpoint", "config.toml differs", "remove the folder"],
+        &[
+            "runs/victim",
+            "snapshot(s)",
+            "no checkpoint",
+            "config.toml differs",
+            "remove the folder",
+        ],
     );
     // --resume on a folder that does not exist starts a fresh run, and says so when quiet.
-    let fresh = write(d, "fresh.toml", &base_config().replace("victim", "newcomer"));
+    let fresh = write(
+        d,
+        "fresh.toml",
+        &base_config().replace("victim", "newcomer"),
+    );
     let out = run_in(d, &["run", fresh.to_str().unwrap(), "--resume", "--quiet"]);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{err}");
-    assert!(err.contains("does not exist; starting a fresh run"), "{err}");
+    assert!(
+        err.contains("does not exist; starting a fresh run"),
+        "{err}"
+    );
     assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+/// Every numeric key of a run config, with a value that runs: section, key, value.
+const NUMERIC_KEYS: [(&str, &str, &str); 15] = [
+    ("", "seed", "7"),
+    ("ics", "n", "64"),
+    ("gravity", "softening", "0.05"),
+    ("gravity", "order", "4"),
+    ("gravity", "theta", "0.6"),
+    ("gravity", "leaf_size", "16"),
+    ("gravity", "cap_growth", "1.5"),
+    ("integrator", "t_end", "0.5"),
+    ("integrator", "dt_max", "0.125"),
+    ("integrator", "eta", "0.02"),
+    ("integrator", "max_rungs", "8"),
+    ("output", "snapshot_interval", "0.25"),
+    ("output", "checkpoint_interval", "0.25"),
+    ("output", "checkpoint_wall_minutes", "10"),
+    ("output", "keep_checkpoints", "3"),
+];
+
+fn fuzz_config(name: &str, key: (&str, &str), value: &str) -> String {
+    let mut sections: Vec<(&str, Vec<String>)> = vec![
+        (
+            "",
+            vec![
+                format!("name = \"{name}\""),
+                "output_dir = \"runs\"".into(),
+                "units = \"nbody\"".into(),
+            ],
+        ),
+        (
+            "ics",
+            vec![format!(
+                "model = \"{}\"",
+                repo("ics/plummer.toml").display()
+            )],
+        ),
+        ("gravity", vec!["solver = \"fmm\"".into()]),
+        ("integrator", vec![]),
+        ("output", vec!["diagnostics_every = 1".into()]),
+    ];
+    for (section, k, v) in NUMERIC_KEYS {
+        let v = if (section, k) == key { value } else { v };
+        let lines = &mut sections.iter_mut().find(|s| s.0 == section).unwrap().1;
+        lines.push(format!("{k} = {v}"));
+    }
+    sections
+        .iter()
+        .map(|(s, lines)| {
+            let head = if s.is_empty() {
+                String::new()
+            } else {
+                format!("[{s}]\n")
+            };
+            format!("{head}{}\n", lines.join("\n"))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+#[test]
+fn no_numeric_config_value_panics_or_leaves_a_refused_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let values = ["0", "-1", "1e-300", "1e300", "9223372036854775807"];
+    let mut refused = 0;
+    for (k, &(section, key, _)) in NUMERIC_KEYS.iter().enumerate() {
+        for (v, value) in values.iter().enumerate() {
+            let name = format!("f{k}_{v}");
+            let cfg = write(
+                d,
+                &format!("{name}.toml"),
+                &fuzz_config(&name, (section, key), value),
+            );
+            let m = run_measured(d, &["run", cfg.to_str().unwrap(), "--quiet"]);
+            let what = format!("{section}.{key} = {value}");
+            assert!(
+                m.code == Some(0) || m.code == Some(1),
+                "{what}: exit {:?} (a panic is 101): {}",
+                m.code,
+                m.stderr
+            );
+            assert!(m.wall.as_secs() < 20, "{what}: {:?}", m.wall);
+            if m.code == Some(1) {
+                assert_eq!(m.stderr.trim().lines().count(), 1, "{what}: {}", m.stderr);
+                if m.stderr.contains(&format!("{name}.toml")) {
+                    refused += 1;
+                    assert!(
+                        !d.join("runs").join(&name).exists(),
+                        "{what}: a refused run left its folder: {}",
+                        m.stderr
+                    );
+                }
+            }
+        }
+    }
+    assert!(refused > 40, "most of these values are refused: {refused}");
 }

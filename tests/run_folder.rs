@@ -450,5 +450,8 @@ fn a_closed_pipe_does_not_kill_a_run() {
     assert_eq!(status.code(), Some(0), "{status:?}");
     let last = dir.path().join("runs/piped/snapshots/snapdir_002");
     let single = dir.path().join("runs/piped/snapshots/snap_002.hdf5");
-    assert!(single.exists() || last.exists(), "the run went on to its end");
+    assert!(
+        single.exists() || last.exists(),
+        "the run went on to its end"
+    );
 }
