@@ -448,7 +448,7 @@ fn header_counts_are_bounded_by_what_the_file_holds() {
             100,
             false,
             1,
-            "PartType1/Coordinates has 300 values, expected 900000000",
+            "PartType1/Coordinates has shape [100, 3], expected [300000000, 3]",
         ),
         (
             "negative.hdf5",
@@ -559,4 +559,117 @@ fn a_particle_far_out_is_refused_by_forces_and_stops_a_run_before_its_snapshot()
     let snaps = d.join("runs/fast/snapshots");
     assert!(snaps.join("snap_000.hdf5").exists());
     assert!(!snaps.join("snap_001.hdf5").exists(), "no snapshot after");
+}
+
+#[test]
+fn datasets_are_checked_by_shape_and_headers_by_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let n = 1000usize;
+    // (name, dataset, shape, needle)
+    let cases: [(&str, &str, Vec<usize>, &str); 4] = [
+        (
+            "transposed",
+            "Coordinates",
+            vec![3, n],
+            "PartType1/Coordinates has shape [3, 1000], expected [1000, 3]",
+        ),
+        (
+            "flat",
+            "Velocities",
+            vec![3 * n],
+            "PartType1/Velocities has shape [3000], expected [1000, 3]",
+        ),
+        (
+            "fours",
+            "Coordinates",
+            vec![3 * n / 4, 4],
+            "PartType1/Coordinates has shape [750, 4], expected [1000, 3]",
+        ),
+        (
+            "ids2d",
+            "ParticleIDs",
+            vec![n, 1],
+            "PartType1/ParticleIDs has shape [1000, 1], expected [1000]",
+        ),
+    ];
+    for (name, dataset, shape, needle) in cases {
+        let path = d.join(format!("{name}.hdf5"));
+        write_ic(&path, n, |_, _| {});
+        {
+            let _guard = hdf5_lock();
+            let f = hdf5::File::open_rw(&path).unwrap();
+            let g = f.group("PartType1").unwrap();
+            let values: usize = shape.iter().product();
+            g.unlink(dataset).unwrap();
+            if dataset == "ParticleIDs" {
+                let ids: Vec<u64> = (100..100 + values as u64).collect();
+                g.new_dataset::<u64>()
+                    .shape(shape.clone())
+                    .create(dataset)
+                    .unwrap()
+                    .write_raw(&ids)
+                    .unwrap();
+            } else {
+                let v: Vec<f64> = (0..values).map(|i| i as f64 * 1e-3).collect();
+                g.new_dataset::<f64>()
+                    .shape(shape.clone())
+                    .create(dataset)
+                    .unwrap()
+                    .write_raw(&v)
+                    .unwrap();
+            }
+        }
+        for cmd in ["info", "forces", "analyze"] {
+            if cmd == "forces" && dataset == "Velocities" {
+                continue; // forces does not read velocities
+            }
+            let mut args = vec![cmd, path.to_str().unwrap()];
+            if cmd == "forces" {
+                args.extend(["--softening", "0.05"]);
+            }
+            let out = run_in(d, &args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{cmd} {name}: {err}");
+            assert!(
+                err.contains(needle) && err.contains(&format!("{name}.hdf5")),
+                "{cmd} {name}: {err}"
+            );
+        }
+    }
+    // NumPart_Total disagreeing with the file, and a NaN time.
+    for (name, attr, needle) in [
+        (
+            "total",
+            "NumPart_Total",
+            "Header/NumPart_Total[1] = 999 but the 1 file(s) hold 1000",
+        ),
+        ("time", "Time", "Header/Time = NaN: it must be finite"),
+    ] {
+        let path = d.join(format!("{name}.hdf5"));
+        write_ic(&path, n, |_, _| {});
+        {
+            let _guard = hdf5_lock();
+            let f = hdf5::File::open_rw(&path).unwrap();
+            let h = f.group("Header").unwrap();
+            if attr == "Time" {
+                h.new_attr::<f64>()
+                    .create("Time")
+                    .unwrap()
+                    .write_scalar(&f64::NAN)
+                    .unwrap();
+            } else {
+                h.new_attr::<i64>()
+                    .shape(6)
+                    .create(attr)
+                    .unwrap()
+                    .write_raw(&[0i64, 999, 0, 0, 0, 0])
+                    .unwrap();
+            }
+        }
+        let out = run_in(d, &["info", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {err}");
+        assert!(err.contains(needle), "{name}: {err}");
+    }
 }

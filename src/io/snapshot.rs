@@ -338,6 +338,7 @@ pub fn read_snapshot_with(
             files.push(sibling);
         }
     }
+    check_total(path, &data.counts)?;
     let mut ids = data.particles.id.clone();
     ids.sort_unstable();
     if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
@@ -379,7 +380,15 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
     }
     let counts: Vec<u64> = counts.iter().map(|&c| c as u64).collect();
     let mass_table = read_f64_array(&header, "MassTable").unwrap_or_else(|_| vec![0.0; PART_TYPES]);
-    let time = read_f64(&header, "Time").unwrap_or(0.0);
+    let time = if header.attr("Time").is_ok() {
+        match read_f64(&header, "Time") {
+            Ok(t) if t.is_finite() => t,
+            Ok(t) => return Err(content(format!("Header/Time = {t}: it must be finite"))),
+            Err(_) => return Err(content("Header/Time is not a number".into())),
+        }
+    } else {
+        0.0
+    };
     let num_files = read_f64(&header, "NumFilesPerSnapshot").unwrap_or(1.0);
     if !(num_files.is_finite() && num_files >= 0.0 && num_files.fract() == 0.0) {
         return Err(content(format!(
@@ -411,7 +420,7 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
             let ds = g
                 .dataset(name)
                 .map_err(err(&format!("reading {group}/{name}")))?;
-            check_stored(&ds, 3 * n).map_err(|r| content(format!("{group}/{name} {r}")))?;
+            check_stored(&ds, &[n, 3]).map_err(|r| content(format!("{group}/{name} {r}")))?;
             let raw = ds
                 .read_raw::<f64>()
                 .map_err(err(&format!("reading {group}/{name}")))?;
@@ -434,7 +443,7 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
         let ids = g
             .dataset("ParticleIDs")
             .map_err(err(&format!("reading {group}/ParticleIDs")))?;
-        check_stored(&ids, n).map_err(|r| content(format!("{group}/ParticleIDs {r}")))?;
+        check_stored(&ids, &[n]).map_err(|r| content(format!("{group}/ParticleIDs {r}")))?;
         let ids = ids
             .read_raw::<u64>()
             .map_err(err(&format!("reading {group}/ParticleIDs")))?;
@@ -448,7 +457,7 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
             let m = g
                 .dataset("Masses")
                 .map_err(err(&format!("reading {group}/Masses")))?;
-            check_stored(&m, n).map_err(|r| content(format!("{group}/Masses {r}")))?;
+            check_stored(&m, &[n]).map_err(|r| content(format!("{group}/Masses {r}")))?;
             let m = m
                 .read_raw::<f64>()
                 .map_err(err(&format!("reading {group}/Masses")))?;
@@ -505,19 +514,62 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
     ))
 }
 
+/// Checks `Header/NumPart_Total` (with its high word), where the first file has it, against
+/// the counts of all files read.
+fn check_total(path: &Path, counts: &[[u64; PART_TYPES]]) -> Result<(), SnapshotError> {
+    let content = |reason: String| SnapshotError::Content {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let header = hdf5::File::open(path)
+        .and_then(|f| f.group("Header"))
+        .map_err(|e| content(e.to_string()))?;
+    let Ok(low) = read_i64_array(&header, "NumPart_Total") else {
+        return Ok(());
+    };
+    let high = read_i64_array(&header, "NumPart_Total_HighWord").unwrap_or_default();
+    for (pt, &l) in low.iter().enumerate().take(PART_TYPES) {
+        let h = high.get(pt).copied().unwrap_or(0);
+        // GADGET splits a total past 2^32 into a low and a high word; some codes write the
+        // whole count in the low one.
+        let declared = if l as u64 > 0xffff_ffff {
+            l as u64
+        } else {
+            l as u64 | ((h as u64) << 32)
+        };
+        let found: u64 = counts.iter().map(|c| c[pt]).sum();
+        if l < 0 || h < 0 || declared != found {
+            return Err(content(format!(
+                "Header/NumPart_Total[{pt}] = {declared} but the {} file(s) hold {found} particles of PartType{pt}",
+                counts.len()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Most a compression filter can shrink data (deflate's limit is about 1 032 : 1).
 const MAX_COMPRESSION: u64 = 1100;
 
-/// Checks, before anything is allocated, that a dataset holds `values` values (as the
-/// header's count says) and that the file really stores them: a crafted header with a
+/// Checks, before anything is allocated, that a dataset has `shape` (from the header's
+/// count) and a numeric type, and that the file really stores them: a crafted header with a
 /// huge count over an unwritten chunked dataset must not make the reader allocate it.
-fn check_stored(ds: &hdf5::Dataset, values: usize) -> Result<(), String> {
-    if ds.size() != values {
+fn check_stored(ds: &hdf5::Dataset, shape: &[usize]) -> Result<(), String> {
+    // By shape, not by count: (3, n) or a flat (3n,) would scramble the particles.
+    if ds.shape() != shape {
         return Err(format!(
-            "has {} values, expected {values} from Header/NumPart_ThisFile",
-            ds.size()
+            "has shape {:?}, expected {shape:?} from Header/NumPart_ThisFile",
+            ds.shape()
         ));
     }
+    let numeric = ds.dtype().and_then(|t| t.to_descriptor()).is_ok_and(|d| {
+        use hdf5::types::TypeDescriptor as T;
+        matches!(d, T::Integer(_) | T::Unsigned(_) | T::Float(_))
+    });
+    if !numeric {
+        return Err("is not numeric (integers or floats expected)".into());
+    }
+    let values: usize = shape.iter().product();
     let element = ds.dtype().map(|t| t.size()).unwrap_or(8) as u64;
     let logical = values as u64 * element;
     let stored = ds.storage_size();
