@@ -1670,6 +1670,11 @@ fn initial_particles(
                     path.display(),
                     UnitSystem::Nbody.name()
                 )),
+                (None, Some(_)) if data.nbody => progress.note(&format!(
+                    "{}: the file is in N-body units (G = 1), but the run uses '{}' units; values are used as they are",
+                    path.display(),
+                    spec.config.units.name()
+                )),
                 (None, _) => {}
             }
             let n = p.len();

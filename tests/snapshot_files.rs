@@ -673,3 +673,111 @@ fn datasets_are_checked_by_shape_and_headers_by_value() {
         assert!(err.contains(needle), "{name}: {err}");
     }
 }
+
+#[test]
+fn unit_attributes_must_be_positive_finite_numbers() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let units = |path: &Path, mass: Option<f64>, label: Option<&str>| {
+        let _guard = hdf5_lock();
+        let f = hdf5::File::open_rw(path).unwrap();
+        let g = f.create_group("Units").unwrap();
+        if let Some(label) = label {
+            let s: hdf5::types::VarLenUnicode = label.parse().unwrap();
+            g.new_attr::<hdf5::types::VarLenUnicode>()
+                .create("UnitSystem")
+                .unwrap()
+                .write_scalar(&s)
+                .unwrap();
+        }
+        for (name, v) in [
+            ("Unit length in cgs (U_L)", 3.085678e21),
+            ("Unit time in cgs (U_t)", 3.085678e16),
+        ] {
+            g.new_attr::<f64>()
+                .create(name)
+                .unwrap()
+                .write_scalar(&v)
+                .unwrap();
+        }
+        match mass {
+            Some(m) => g
+                .new_attr::<f64>()
+                .create("Unit mass in cgs (U_M)")
+                .unwrap()
+                .write_scalar(&m)
+                .unwrap(),
+            None => {
+                let s: hdf5::types::VarLenUnicode = "heavy".parse().unwrap();
+                g.new_attr::<hdf5::types::VarLenUnicode>()
+                    .create("Unit mass in cgs (U_M)")
+                    .unwrap()
+                    .write_scalar(&s)
+                    .unwrap()
+            }
+        }
+    };
+    let run_cfg = |name: &str, ic: &Path, system: &str| {
+        let text = format!(
+            "name = \"{name}\"\noutput_dir = \"runs\"\nunits = \"{system}\"\n[ics]\nfile = \"{}\"\n[gravity]\nsoftening = 0.05\n[integrator]\nt_end = 0.1\ndt_max = 0.05\n",
+            ic.display()
+        );
+        write(d, &format!("{name}.toml"), &text)
+    };
+    for (k, (mass, needle)) in [
+        (
+            Some(-1.989e43),
+            "/Units/Unit mass in cgs (U_M) = -1.989e43: a unit must be a positive, finite number",
+        ),
+        (
+            Some(0.0),
+            "/Units/Unit mass in cgs (U_M) = 0: a unit must be",
+        ),
+        (
+            Some(f64::NAN),
+            "/Units/Unit mass in cgs (U_M) = NaN: a unit must be",
+        ),
+        (None, "/Units/Unit mass in cgs (U_M) is not a number"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let ic = d.join(format!("units{k}.hdf5"));
+        write_ic(&ic, 100, |_, _| {});
+        units(&ic, mass, None);
+        let name = format!("u{k}");
+        let cfg = run_cfg(&name, &ic, "galactic");
+        for args in [
+            vec!["info", ic.to_str().unwrap()],
+            vec!["run", cfg.to_str().unwrap(), "--quiet"],
+        ] {
+            let out = run_in(d, &args);
+            let err = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(1), "{args:?}: {err}");
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+        assert!(
+            !d.join("runs")
+                .join(&name)
+                .join("snapshots/snap_000.hdf5")
+                .exists()
+        );
+    }
+    // A file labelled N-body in a galactic run gets a note.
+    let ic = d.join("nbody.hdf5");
+    write_ic(&ic, 100, |_, _| {});
+    units(&ic, Some(1.0), Some("nbody"));
+    let out = run_in(
+        d,
+        &[
+            "run",
+            run_cfg("labelled", &ic, "galactic").to_str().unwrap(),
+        ],
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("the file is in N-body units (G = 1), but the run uses 'galactic' units"),
+        "{err}"
+    );
+}

@@ -276,10 +276,23 @@ pub struct SnapshotData {
     pub time: f64,
     /// Code units in cgs when the file records them.
     pub units: Option<CgsUnits>,
+    /// Whether the file says it is in N-body units (`/Units/UnitSystem = "nbody"`).
+    pub nbody: bool,
     /// Files the snapshot was spread over.
     pub files: Vec<PathBuf>,
     /// Particles per type in each file.
     pub counts: Vec<[u64; PART_TYPES]>,
+}
+
+/// The units a file records.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum FileUnits {
+    /// Physical units, as cgs factors.
+    Cgs(CgsUnits),
+    /// Labelled N-body units.
+    Nbody,
+    /// None recorded.
+    Unknown,
 }
 
 /// Whether to read velocities (a force evaluation does not need them).
@@ -501,12 +514,16 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
     for (k, c) in counts.iter().enumerate().take(PART_TYPES) {
         per_type[k] = *c;
     }
-    let units = read_units(&file);
+    let file_units = read_units(&file).map_err(content)?;
     Ok((
         SnapshotData {
             particles,
             time,
-            units,
+            units: match file_units {
+                FileUnits::Cgs(u) => Some(u),
+                _ => None,
+            },
+            nbody: file_units == FileUnits::Nbody,
             files: Vec::new(),
             counts: vec![per_type],
         },
@@ -599,38 +616,55 @@ fn check_finite3(v: &[[f64; 3]], group: &str, name: &str) -> Result<(), String> 
 }
 
 /// Code units recorded in a file: SWIFT `/Units` or GADGET `/Parameters` (or `/Header`).
-fn read_units(file: &hdf5::File) -> Option<CgsUnits> {
+fn read_units(file: &hdf5::File) -> Result<FileUnits, String> {
+    // A unit factor that is present must be a positive, finite number: a negative mass unit
+    // would make every mass negative, zero every velocity infinite.
+    let factor = |g: &hdf5::Group, group: &str, name: &str| -> Result<Option<f64>, String> {
+        if g.attr(name).is_err() {
+            return Ok(None);
+        }
+        match read_f64(g, name) {
+            Ok(v) if v.is_finite() && v > 0.0 => Ok(Some(v)),
+            Ok(v) => Err(format!(
+                "/{group}/{name} = {}: a unit must be a positive, finite number",
+                short(v)
+            )),
+            Err(_) => Err(format!("/{group}/{name} is not a number")),
+        }
+    };
     if let Ok(g) = file.group("Units") {
         if let Ok(name) = read_string(&g, "UnitSystem")
             && name == "nbody"
         {
-            return None;
+            return Ok(FileUnits::Nbody);
         }
-        let l = read_f64(&g, "Unit length in cgs (U_L)").ok()?;
-        let m = read_f64(&g, "Unit mass in cgs (U_M)").ok()?;
-        let t = read_f64(&g, "Unit time in cgs (U_t)").ok()?;
-        return Some(CgsUnits {
-            length_cm: l,
-            mass_g: m,
-            velocity_cm_per_s: l / t,
-        });
-    }
-    for group in ["Parameters", "Header"] {
-        if let Ok(g) = file.group(group)
-            && let (Ok(l), Ok(m), Ok(v)) = (
-                read_f64(&g, "UnitLength_in_cm"),
-                read_f64(&g, "UnitMass_in_g"),
-                read_f64(&g, "UnitVelocity_in_cm_per_s"),
-            )
-        {
-            return Some(CgsUnits {
+        let l = factor(&g, "Units", "Unit length in cgs (U_L)")?;
+        let m = factor(&g, "Units", "Unit mass in cgs (U_M)")?;
+        let t = factor(&g, "Units", "Unit time in cgs (U_t)")?;
+        if let (Some(l), Some(m), Some(t)) = (l, m, t) {
+            return Ok(FileUnits::Cgs(CgsUnits {
                 length_cm: l,
                 mass_g: m,
-                velocity_cm_per_s: v,
-            });
+                velocity_cm_per_s: l / t,
+            }));
+        }
+        return Ok(FileUnits::Unknown);
+    }
+    for group in ["Parameters", "Header"] {
+        if let Ok(g) = file.group(group) {
+            let l = factor(&g, group, "UnitLength_in_cm")?;
+            let m = factor(&g, group, "UnitMass_in_g")?;
+            let v = factor(&g, group, "UnitVelocity_in_cm_per_s")?;
+            if let (Some(l), Some(m), Some(v)) = (l, m, v) {
+                return Ok(FileUnits::Cgs(CgsUnits {
+                    length_cm: l,
+                    mass_g: m,
+                    velocity_cm_per_s: v,
+                }));
+            }
         }
     }
-    None
+    Ok(FileUnits::Unknown)
 }
 
 /// A number from `/Parameters` (e.g. `GravityConstantInternal`, `leapfmm.gravity.softening`).
