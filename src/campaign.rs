@@ -128,17 +128,23 @@ impl Campaign {
         for key in &keys {
             check_key(key).map_err(invalid)?;
         }
+        // Every name is checked before any run's files are written: a refused campaign
+        // leaves no folder behind.
         let mut names = BTreeMap::new();
-        let mut runs = Vec::new();
-        for (explicit, params) in sets {
+        let mut named = Vec::new();
+        for (k, (explicit, params)) in sets.into_iter().enumerate() {
             let run_name = explicit.unwrap_or_else(|| readable_name(&params, &keys));
-            if let Some(other) = names.insert(run_name.clone(), params.clone()) {
+            if let Some(other) = names.insert(run_name.clone(), k) {
                 return Err(invalid(format!(
-                    "two runs would share the folder {run_name:?} ({} and {}); give them names",
-                    describe(&other),
-                    describe(&params)
+                    "runs {} and {} would share the folder {run_name:?}; give them different names",
+                    other + 1,
+                    k + 1
                 )));
             }
+            named.push((run_name, params));
+        }
+        let mut runs = Vec::new();
+        for (run_name, params) in named {
             runs.push(plan_run(path, &file.base, &dir, run_name, params)?);
         }
         Ok(Campaign {

@@ -1484,7 +1484,17 @@ fn load_checkpoint(
     let c = &spec.config;
     let ckpt_dir = checkpoint_dir(&spec.run_dir);
     let (rank, ranks) = (comm.rank(), comm.size());
-    let found = checkpoint::newest_valid::<Checkpoint>(&ckpt_dir, verify_checkpoint)?
+    // The step comes from the content: a copy named as another step is corrupt.
+    let check = |step: u64, loaded: &checkpoint::Loaded<Checkpoint>| {
+        verify_checkpoint(loaded)?;
+        match loaded.payloads.first().map(|c| c.state.step) {
+            Some(inside) if inside != step => {
+                Err(format!("named as step {step} but holds step {inside}"))
+            }
+            _ => Ok(()),
+        }
+    };
+    let found = checkpoint::newest_valid::<Checkpoint>(&ckpt_dir, check)?
         .ok_or_else(|| RunError::State(format!("no checkpoint in {}", ckpt_dir.display())))?;
     let path = found.entry.path().to_path_buf();
     let first = found

@@ -511,3 +511,35 @@ fn no_numeric_config_value_panics_or_leaves_a_refused_folder() {
     }
     assert!(refused > 40, "most of these values are refused: {refused}");
 }
+
+#[test]
+fn a_checkpoint_named_as_another_step_is_set_aside() {
+    let run = finished_run();
+    let d = run.path();
+    let ckpts = d.join("runs/victim/checkpoints");
+    let copy = ckpts.join(leapfmm::io::checkpoint::file_name(99));
+    let steps: Vec<u64> = leapfmm::io::checkpoint::list(&ckpts)
+        .unwrap()
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(steps.len(), 3, "{steps:?}");
+    let older = steps[1];
+    std::fs::copy(ckpts.join(leapfmm::io::checkpoint::file_name(older)), &copy).unwrap();
+    let cfg = d.join("good.toml");
+    let out = run_in(d, &["run", cfg.to_str().unwrap(), "--resume"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains(&format!("named as step 99 but holds step {older}")),
+        "{err}"
+    );
+    assert!(
+        err.contains("already finished"),
+        "the real newest one is used: {err}"
+    );
+    assert!(!copy.exists());
+    let mut aside = copy.into_os_string();
+    aside.push(".corrupt");
+    assert!(std::path::PathBuf::from(aside).exists());
+}

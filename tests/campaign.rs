@@ -229,3 +229,20 @@ fn a_sweep_of_a_billion_runs_is_refused_before_it_is_expanded() {
     );
     assert!(!dir.path().join("runs/camp").exists(), "no folder left");
 }
+
+#[test]
+fn a_campaign_with_duplicate_run_names_leaves_no_folder() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = campaign_text(
+        "[[runs]]\nname = \"a\"\n\n[[runs]]\nname = \"b\"\n\n[[runs]]\nname = \"a\"\n",
+    );
+    let file = write(dir.path(), "camp.toml", &text);
+    let out = run_in(dir.path(), &["run", file.to_str().unwrap(), "--quiet"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("runs 1 and 3 would share the folder \"a\""),
+        "{err}"
+    );
+    assert!(!dir.path().join("runs/camp").exists(), "no empty folders");
+}

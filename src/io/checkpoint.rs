@@ -366,7 +366,7 @@ pub fn write<T: Serialize>(
         reason,
     })?;
     write_durably(&path, &bytes)?;
-    prune(dir, keep)?;
+    prune(dir, keep, step)?;
     Ok(path)
 }
 
@@ -423,7 +423,7 @@ pub fn commit_set(
         reason: e.to_string(),
     })?;
     write_durably(&path, text.as_bytes())?;
-    prune(dir, keep)?;
+    prune(dir, keep, summary.step)?;
     Ok(path)
 }
 
@@ -452,9 +452,16 @@ pub fn list(dir: &Path) -> Result<Vec<(u64, Entry)>, CheckpointError> {
 }
 
 /// Removes checkpoints beyond the newest `keep`, rank folders that were never committed,
-/// and stale temporary files.
-fn prune(dir: &Path, keep: usize) -> Result<(), CheckpointError> {
-    let entries = list(dir)?;
+/// and stale temporary files, after `current` was written. A checkpoint named as a later
+/// step than `current` cannot belong to this run (a copy under another name): it is set
+/// aside as corrupt rather than allowed to outrank the real ones.
+fn prune(dir: &Path, keep: usize, current: u64) -> Result<(), CheckpointError> {
+    let (future, entries): (Vec<_>, Vec<_>) = list(dir)?
+        .into_iter()
+        .partition(|(step, _)| *step > current);
+    for (_, entry) in &future {
+        set_aside(entry)?;
+    }
     let mut kept_folders = Vec::new();
     for (k, (_, entry)) in entries.into_iter().enumerate() {
         match (k < keep.max(1), entry) {
@@ -575,14 +582,14 @@ pub fn read_entry<T: DeserializeOwned>(entry: &Entry) -> Result<Loaded<T>, Check
 /// (particle counts, identifiers); a checkpoint it refuses counts as corrupt.
 pub fn newest_valid<T: DeserializeOwned>(
     dir: &Path,
-    check: impl Fn(&Loaded<T>) -> Result<(), String>,
+    check: impl Fn(u64, &Loaded<T>) -> Result<(), String>,
 ) -> Result<Option<Found<T>>, CheckpointError> {
     let mut rejected = Vec::new();
     let candidates = list(dir)?;
     let any = !candidates.is_empty();
-    for (_, entry) in candidates {
+    for (step, entry) in candidates {
         let loaded = read_entry::<T>(&entry).and_then(|loaded| {
-            check(&loaded).map_err(|reason| CheckpointError::Invalid {
+            check(step, &loaded).map_err(|reason| CheckpointError::Invalid {
                 path: entry.path().to_path_buf(),
                 reason,
             })?;
@@ -714,8 +721,19 @@ mod tests {
         }
     }
 
-    fn no_check<T>(_: &Loaded<T>) -> Result<(), String> {
+    fn no_check<T>(_: u64, _: &Loaded<T>) -> Result<(), String> {
         Ok(())
+    }
+
+    #[test]
+    fn a_checkpoint_named_beyond_the_current_step_does_not_outrank_it_when_pruning() {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        write(d, 99, &8u64, 1).unwrap();
+        write(d, 20, &20u64, 1).unwrap();
+        let steps: Vec<u64> = list(d).unwrap().into_iter().map(|(s, _)| s).collect();
+        assert_eq!(steps, vec![20], "the real newest survives pruning");
+        assert!(d.join(format!("{}.corrupt", file_name(99))).exists());
     }
 
     #[test]
@@ -808,7 +826,7 @@ mod tests {
         assert_eq!(newest(d).payloads, vec![200, 201, 202]);
 
         // The caller's own check refuses the newest set.
-        let found = newest_valid::<u64>(d, |l: &Loaded<u64>| {
+        let found = newest_valid::<u64>(d, |_, l: &Loaded<u64>| {
             if l.payloads.contains(&200) {
                 Err("200 is not allowed".into())
             } else {
