@@ -377,6 +377,8 @@ pub const EXIT_ABORTED: i32 = 130;
 /// end in a checkpoint.
 struct SignalGuard {
     received: Arc<AtomicUsize>,
+    /// True until the step loop starts: a signal then ends the process at once.
+    preparing: Arc<AtomicBool>,
     ids: Vec<signal_hook::SigId>,
 }
 
@@ -384,10 +386,24 @@ impl SignalGuard {
     fn install() -> Result<Self, RunError> {
         use signal_hook::consts::{SIGINT, SIGTERM};
         let received = Arc::new(AtomicUsize::new(0));
+        let preparing = Arc::new(AtomicBool::new(true));
         let interrupted = Arc::new(AtomicBool::new(false));
         let mut ids = Vec::new();
         let fail =
             |e: std::io::Error| RunError::State(format!("cannot install signal handlers: {e}"));
+        // Before the first step (reading checkpoints, sampling ICs) nothing is left half
+        // done by stopping (every file is written atomically): end at once, as without a
+        // handler, so that a stuck read can always be stopped.
+        for sig in [SIGINT, SIGTERM] {
+            ids.push(
+                signal_hook::flag::register_conditional_shutdown(
+                    sig,
+                    128 + sig,
+                    Arc::clone(&preparing),
+                )
+                .map_err(fail)?,
+            );
+        }
         // Registered before the flag it tests, so the first SIGINT only sets the flag.
         ids.push(
             signal_hook::flag::register_conditional_shutdown(
@@ -404,7 +420,16 @@ impl SignalGuard {
                     .map_err(fail)?,
             );
         }
-        Ok(SignalGuard { received, ids })
+        Ok(SignalGuard {
+            received,
+            preparing,
+            ids,
+        })
+    }
+
+    /// The step loop starts: from now on a signal stops the run after its step.
+    fn stepping(&self) {
+        self.preparing.store(false, Ordering::SeqCst);
     }
 
     fn received(&self) -> Option<i32> {
@@ -698,7 +723,7 @@ impl<'a> Simulation<'a> {
         }
         // A run stopped before its first checkpoint starts again when its config is the one
         // it was started with (a run is deterministic: the same snapshots come again).
-        let same_config = std::fs::read_to_string(run_dir.join("config.toml"))
+        let same_config = crate::io::read_regular_text(&run_dir.join("config.toml"))
             .is_ok_and(|t| t == spec.source.text);
         if has_outputs && existing.is_empty() && !same_config {
             // Without a checkpoint nothing proves the config still describes that run: a
@@ -1008,6 +1033,7 @@ impl<'a> Simulation<'a> {
 
     /// Steps until `t_end` or a signal.
     fn advance(&mut self, signals: &SignalGuard) -> Result<RunOutcome, RunError> {
+        signals.stepping();
         let c = &self.spec.config;
         let every = c.output.diagnostics_every.max(1) as u64;
         while self.state.ti < self.ti_end {

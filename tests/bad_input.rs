@@ -543,3 +543,71 @@ fn a_checkpoint_named_as_another_step_is_set_aside() {
     aside.push(".corrupt");
     assert!(std::path::PathBuf::from(aside).exists());
 }
+
+#[test]
+fn only_regular_files_are_read_and_a_signal_before_the_first_step_ends_the_run_at_once() {
+    let run = finished_run();
+    let d = run.path();
+    let ckpts = d.join("runs/victim/checkpoints");
+    let cfg = d.join("good.toml");
+    // A FIFO named as the newest checkpoint used to block --resume forever; a link to
+    // /dev/zero read until memory ran out.
+    let fifo = ckpts.join(leapfmm::io::checkpoint::file_name(98));
+    let c = std::ffi::CString::new(fifo.to_str().unwrap()).unwrap();
+    // SAFETY: mkfifo(3) on a NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    std::os::unix::fs::symlink(
+        "/dev/zero",
+        ckpts.join(leapfmm::io::checkpoint::file_name(99)),
+    )
+    .unwrap();
+    let m = run_measured(d, &["run", cfg.to_str().unwrap(), "--resume"]);
+    assert_eq!(m.code, Some(0), "{}", m.stderr);
+    assert!(
+        m.wall.as_secs() < 5 && m.peak_rss < 100 << 20,
+        "{:?}",
+        m.wall
+    );
+    assert_eq!(
+        m.stderr.matches("not a regular file").count(),
+        2,
+        "{}",
+        m.stderr
+    );
+    assert!(m.stderr.contains("already finished"), "{}", m.stderr);
+    // A FIFO as the config file.
+    let config_fifo = d.join("fifo.toml");
+    let c = std::ffi::CString::new(config_fifo.to_str().unwrap()).unwrap();
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o644) }, 0);
+    let out = run_in(d, &["run", "fifo.toml"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("fifo.toml") && err.contains("not a regular file"),
+        "{err}"
+    );
+    // SIGTERM while the step-0 checkpoint is written (before the first step): the process
+    // ends at once with 128 + 15, not after a 5 s stall.
+    let fresh = write(d, "fresh.toml", &base_config().replace("victim", "early"));
+    let child = bin()
+        .current_dir(d)
+        .args(["run", fresh.to_str().unwrap(), "--quiet"])
+        .env(leapfmm::io::checkpoint::STALL_ENV, "5000")
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let early = d.join("runs/early/checkpoints");
+    wait_for("the step-0 checkpoint write", || {
+        std::fs::read_dir(&early).is_ok_and(|r| {
+            r.flatten()
+                .any(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        })
+    });
+    let start = std::time::Instant::now();
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + libc::SIGTERM));
+    assert!(start.elapsed().as_secs() < 3, "{:?}", start.elapsed());
+}

@@ -35,7 +35,8 @@ pub struct RunArgs {
 
 /// Validates the config, runs, and reports how the run ended.
 pub fn execute(args: RunArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) -> Result<ExitCode> {
-    let text = std::fs::read_to_string(&args.config).unwrap_or_default();
+    // Unreadable here (missing, not a regular file): the config loader says why.
+    let text = leapfmm::io::read_regular_text(&args.config).unwrap_or_default();
     if is_campaign(&text) {
         #[cfg(feature = "mpi")]
         if mpi.is_some() {

@@ -5,3 +5,38 @@ pub mod checkpoint;
 pub mod hdf5_util;
 pub mod lock;
 pub mod snapshot;
+
+use std::io::Read;
+use std::path::Path;
+
+/// Reads a whole input file, refusing anything but a regular file (a FIFO would block the
+/// run forever, a link to `/dev/zero` would read until memory ran out) and reading no more
+/// than its size, which must fit in the memory available.
+pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    let refuse = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
+        return Err(refuse(
+            "not a regular file (a folder, FIFO or device); refusing to read it".into(),
+        ));
+    }
+    let len = meta.len();
+    if let Some(available) = crate::memory::available_host()
+        && len > available
+    {
+        return Err(refuse(format!(
+            "{len} bytes, more than the {available} bytes of memory available"
+        )));
+    }
+    let mut bytes = Vec::with_capacity(len as usize);
+    std::fs::File::open(path)?
+        .take(len)
+        .read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// `read_regular` as UTF-8 text.
+pub fn read_regular_text(path: &Path) -> std::io::Result<String> {
+    String::from_utf8(read_regular(path)?)
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
+}

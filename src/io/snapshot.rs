@@ -377,8 +377,15 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
         path: path.to_path_buf(),
         reason,
     };
-    if !path.is_file() {
-        return Err(content("no such file".into()));
+    match std::fs::metadata(path) {
+        Err(_) => return Err(content("no such file".into())),
+        // Checked before HDF5 opens it: opening a FIFO blocks.
+        Ok(m) if !m.is_file() => {
+            return Err(content(
+                "not a regular file (a folder, FIFO or device); refusing to read it".into(),
+            ));
+        }
+        Ok(_) => {}
     }
     let file = hdf5::File::open(path).map_err(err("opening as HDF5"))?;
     let header = file
