@@ -842,16 +842,27 @@ pub fn absolute(path: &Path) -> PathBuf {
 /// The backend is where the passes run, like the number of ranks: another one continues
 /// the same physics (other bits), and `--backend`, which the checkpoint's config text does
 /// not hold, must not stop a resume.
-const RESUMABLE_CHANGES: [&str; 4] = [
+/// `output_dir` is where the run folder is, not what the run is: a folder moved elsewhere
+/// resumes with `output_dir` edited to its new place.
+const RESUMABLE_CHANGES: [&str; 5] = [
     "integrator.t_end",
     "output.checkpoint_wall_minutes",
     "output.keep_checkpoints",
     "gravity.backend",
+    "output_dir",
 ];
 
+/// The input paths, which may change on resume when the run folder's record of the inputs'
+/// content (`inputs.toml`) vouches for them.
+pub const INPUT_PATH_KEYS: [&str; 2] = ["ics.model", "ics.file"];
+
 /// Dotted keys whose values differ between two configs (saved, now), except those a resume
-/// may change, with both values as written.
-pub fn resume_conflicts(saved: &RunConfig, now: &RunConfig) -> Vec<(String, String, String)> {
+/// may change and those in `also_allowed`, with both values as written.
+pub fn resume_conflicts(
+    saved: &RunConfig,
+    now: &RunConfig,
+    also_allowed: &[&str],
+) -> Vec<(String, String, String)> {
     let flat = |c: &RunConfig| -> std::collections::BTreeMap<String, String> {
         flatten(c)
             .into_iter()
@@ -861,7 +872,7 @@ pub fn resume_conflicts(saved: &RunConfig, now: &RunConfig) -> Vec<(String, Stri
     let (a, b) = (flat(saved), flat(now));
     let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
     keys.into_iter()
-        .filter(|k| !RESUMABLE_CHANGES.contains(&k.as_str()))
+        .filter(|k| !RESUMABLE_CHANGES.contains(&k.as_str()) && !also_allowed.contains(&k.as_str()))
         .filter_map(|k| {
             let (va, vb) = (a.get(k), b.get(k));
             (va != vb).then(|| {

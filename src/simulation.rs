@@ -9,8 +9,8 @@
 //! decision (step size, energy, when to stop) comes from a collective, so all ranks agree.
 
 use crate::config::{
-    ConfigError, IcSource, RunConfig, RunSpec, SolverKind, StepScheme, flatten, resume_conflicts,
-    whole_multiple,
+    ConfigError, INPUT_PATH_KEYS, IcSource, RunConfig, RunSpec, SolverKind, StepScheme, flatten,
+    resume_conflicts, whole_multiple,
 };
 use crate::distributed::comm::{
     CommError, Communicator, SingleRank, allgatherv, allreduce_max, allreduce_sum, run_thread_ranks,
@@ -35,6 +35,7 @@ use crate::integrate::diagnostics::{
 use crate::integrate::leapfrog::{drift, kick, kick_each, max_acceleration_by_component};
 use crate::integrate::timestep::{TICKS_PER_DT_MAX, Timeline, TimestepError, criterion_dt};
 use crate::io::checkpoint::{self, CheckpointError};
+use crate::io::inputs::{INPUTS_FILE, InputsError, RunInputs};
 use crate::io::lock::{LockError, RunLock};
 use crate::io::snapshot::{
     MultiFile, SnapshotError, SnapshotInfo, part_type_counts, read_snapshot, write_snapshot,
@@ -68,6 +69,9 @@ pub enum RunError {
     /// The time step collapsed.
     #[error(transparent)]
     Timestep(#[from] TimestepError),
+    /// The record of the run's inputs could not be made, read or written.
+    #[error(transparent)]
+    Inputs(#[from] InputsError),
     /// Another process writes the run folder, or its lock failed.
     #[error(transparent)]
     Lock(#[from] LockError),
@@ -714,34 +718,18 @@ impl<'a> Simulation<'a> {
                 .read_dir()
                 .is_ok_and(|mut d| d.next().is_some())
             || !existing.is_empty();
-        if has_outputs && !options.resume {
-            return Err(RunError::State(format!(
-                "run folder {} already holds a run (snapshots, checkpoints or diagnostics); pass --resume to continue it, or change 'name' in {} to start another",
-                run_dir.display(),
-                spec.source.path.display()
-            )));
-        }
-        // A run stopped before its first checkpoint starts again when its config is the one
-        // it was started with (a run is deterministic: the same snapshots come again).
-        let same_config = crate::io::read_regular_text(&run_dir.join("config.toml"))
-            .is_ok_and(|t| t == spec.source.text);
-        if has_outputs && existing.is_empty() && !same_config {
-            // Without a checkpoint nothing proves the config still describes that run: a
-            // fresh start would overwrite its snapshots with another trajectory.
-            let snapshots = snapshot_dir(run_dir)
-                .read_dir()
-                .map_or(0, |d| d.flatten().count());
-            return Err(RunError::State(format!(
-                "run folder {} holds {snapshots} snapshot(s){} but no checkpoint, and its config.toml differs from {}, so --resume cannot continue it; to start afresh, remove the folder (or change 'name')",
-                run_dir.display(),
-                if run_dir.join("diagnostics.csv").exists() {
-                    " and diagnostics.csv"
-                } else {
-                    ""
-                },
-                spec.source.path.display()
-            )));
-        }
+        // What the run is built from, by content: rank 0 hashes the inputs and compares them
+        // with the folder's record; every rank gets its verdict.
+        let recorded = run_dir.join(INPUTS_FILE).exists();
+        let (inputs, verdict) = if rank == 0 {
+            match folder_verdict(spec, &options, has_outputs, existing.is_empty()) {
+                Ok(inputs) => (Some(inputs), Ok(())),
+                Err(e) => (None, Err(e)),
+            }
+        } else {
+            (None, Ok(()))
+        };
+        agree(comm, verdict).map_err(RunError::State)?;
         if options.resume && !existed && rank == 0 {
             // Said even when quiet: a typo in 'name' or output_dir starts a new run.
             crate::tell!(
@@ -769,7 +757,13 @@ impl<'a> Simulation<'a> {
         let stat_names = solver.stat_names();
 
         let resumed = if options.resume && !existing.is_empty() {
-            let resumed = load_checkpoint(spec, comm, &progress, &timeline)?;
+            let resumed = load_checkpoint(spec, comm, &progress, &timeline, recorded)?;
+            if !recorded {
+                progress.note(&format!(
+                    "{}: the run folder has no record of its inputs (an older leapfmm wrote it); the model or IC file is taken as it is and recorded now",
+                    c.name
+                ));
+            }
             if rank == 0 {
                 remove_snapshots_from(run_dir, resumed.state.snapshots_written)?;
             }
@@ -790,6 +784,10 @@ impl<'a> Simulation<'a> {
             progress.note(&format!("{}: {}", c.name, backend.describe()));
         }
         let logs = if rank == 0 {
+            if let Some(inputs) = &inputs {
+                // Before config.toml: a folder whose config.toml is there has its record.
+                write_atomically(&run_dir.join(INPUTS_FILE), inputs.to_text()?.as_bytes())?;
+            }
             write_atomically(&run_dir.join("config.toml"), spec.source.text.as_bytes())?;
             let step = resumed.as_ref().map(|r| r.state.step);
             let block = match c.integrator.scheme {
@@ -1506,6 +1504,7 @@ fn load_checkpoint(
     comm: &dyn Communicator,
     progress: &Progress,
     timeline: &Timeline,
+    inputs_recorded: bool,
 ) -> Result<Resumed, RunError> {
     let c = &spec.config;
     let ckpt_dir = checkpoint_dir(&spec.run_dir);
@@ -1527,7 +1526,7 @@ fn load_checkpoint(
         .payloads
         .first()
         .ok_or_else(|| RunError::State(format!("{}: the checkpoint is empty", path.display())))?;
-    check_resumable(spec, first, &path)?;
+    check_resumable(spec, first, &path, inputs_recorded)?;
     // Every rank has read before rank 0 renames anything.
     comm.barrier()?;
     if rank == 0 {
@@ -1634,8 +1633,74 @@ pub fn verify_checkpoint(loaded: &checkpoint::Loaded<Checkpoint>) -> Result<(), 
     Ok(())
 }
 
+/// Whether the run may start or go on in its folder (rank 0): a folder with outputs needs
+/// `--resume`; without a checkpoint only the same config and inputs may start it again; with
+/// one, the inputs must match the folder's record. Returns the inputs to record.
+fn folder_verdict(
+    spec: &RunSpec,
+    options: &RunOptions,
+    has_outputs: bool,
+    no_checkpoint: bool,
+) -> Result<RunInputs, String> {
+    let run_dir = &spec.run_dir;
+    if has_outputs && !options.resume {
+        return Err(format!(
+            "run folder {} already holds a run (snapshots, checkpoints or diagnostics); pass --resume to continue it, or change 'name' in {} to start another",
+            run_dir.display(),
+            spec.source.path.display()
+        ));
+    }
+    let now = RunInputs::of(&spec.ics).map_err(|e| e.to_string())?;
+    if !has_outputs {
+        return Ok(now);
+    }
+    let recorded = RunInputs::read(run_dir).map_err(|e| e.to_string())?;
+    let changed = recorded.as_ref().and_then(|r| r.difference(&now));
+    if no_checkpoint {
+        // A run stopped before its first checkpoint starts again when its config and inputs
+        // are the ones it was started with (a run is deterministic: the same snapshots come
+        // again); otherwise a fresh start would overwrite its snapshots with another run.
+        let same_config = crate::io::read_regular_text(&run_dir.join("config.toml"))
+            .is_ok_and(|t| t == spec.source.text);
+        let why = if !same_config {
+            format!(
+                "its config.toml differs from {}",
+                spec.source.path.display()
+            )
+        } else if let Some(change) = &changed {
+            format!("its inputs differ ({change})")
+        } else if recorded.is_none() {
+            format!("it has no {INPUTS_FILE} recording its inputs")
+        } else {
+            return Ok(now);
+        };
+        let snapshots = snapshot_dir(run_dir)
+            .read_dir()
+            .map_or(0, |d| d.flatten().count());
+        return Err(format!(
+            "run folder {} holds {snapshots} snapshot(s){} but no checkpoint, and {why}, so --resume cannot continue it; to start afresh, remove the folder (or change 'name')",
+            run_dir.display(),
+            if run_dir.join("diagnostics.csv").exists() {
+                " and diagnostics.csv"
+            } else {
+                ""
+            },
+        ));
+    }
+    match changed {
+        Some(change) => Err(change),
+        None => Ok(now),
+    }
+}
+
 /// Refuses to resume when the config changed in a way that breaks the run's continuity.
-fn check_resumable(spec: &RunSpec, ckpt: &Checkpoint, path: &Path) -> Result<(), RunError> {
+/// The input paths may change when the folder's record vouches for the inputs' content.
+fn check_resumable(
+    spec: &RunSpec,
+    ckpt: &Checkpoint,
+    path: &Path,
+    inputs_recorded: bool,
+) -> Result<(), RunError> {
     let saved: RunConfig = toml::from_str(&ckpt.config_text).map_err(|e| {
         RunError::State(format!(
             "{}: the config stored in this checkpoint no longer parses ({}); resume with the leapfmm version that wrote it ({})",
@@ -1644,7 +1709,15 @@ fn check_resumable(spec: &RunSpec, ckpt: &Checkpoint, path: &Path) -> Result<(),
             ckpt.version
         ))
     })?;
-    if let Some((key, was, now)) = resume_conflicts(&saved, &spec.config).into_iter().next() {
+    let also_allowed: &[&str] = if inputs_recorded {
+        &INPUT_PATH_KEYS
+    } else {
+        &[]
+    };
+    if let Some((key, was, now)) = resume_conflicts(&saved, &spec.config, also_allowed)
+        .into_iter()
+        .next()
+    {
         return Err(RunError::State(format!(
             "{}: key '{key}' changed since the checkpoint (was {was}, now {now}); restore it to resume, or start a new run under another name",
             spec.source.path.display()

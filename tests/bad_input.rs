@@ -611,3 +611,156 @@ fn only_regular_files_are_read_and_a_signal_before_the_first_step_ends_the_run_a
     assert_eq!(out.status.code(), Some(128 + libc::SIGTERM));
     assert!(start.elapsed().as_secs() < 3, "{:?}", start.elapsed());
 }
+
+/// A small disk galaxy with its own disk softening (galactic units).
+const MODEL: &str = r#"units = "galactic"
+
+[halo]
+profile = "hernquist"
+mass = 8.0
+scale_radius = 8.0
+truncation_radius = 20.0
+particles = 3.0
+
+[disk]
+mass = 0.5
+scale_length = 2.0
+scale_height = 0.25
+toomre_q = 2.0
+particles = 1.0
+softening = 0.02
+"#;
+
+/// A 200-particle run of 4 steps from `ics` (a `model = …` or `file = …` line), a
+/// checkpoint every 2 steps.
+fn input_config(output_dir: &str, ics: &str, t_end: f64) -> String {
+    format!(
+        r#"name = "built"
+output_dir = "{output_dir}"
+seed = 3
+units = "galactic"
+
+[ics]
+{ics}
+
+[gravity]
+solver = "direct"
+softening = 0.05
+
+[integrator]
+t_end = {t_end}
+dt_max = 0.001
+fixed_step = true
+
+[output]
+snapshot_interval = 0.002
+checkpoint_interval = 0.002
+"#
+    )
+}
+
+fn run_ok(dir: &Path, args: &[&str]) -> String {
+    let out = run_in(dir, args);
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(out.status.success(), "{args:?}: {err}");
+    err
+}
+
+#[test]
+fn resume_compares_the_model_and_ic_files_by_content_not_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = write(d, "model.toml", MODEL);
+    let cfg = write(
+        d,
+        "run.toml",
+        &input_config("runs", "model = \"model.toml\"\nn = 200", 0.004),
+    );
+    run_ok(d, &["run", "run.toml", "--quiet"]);
+    assert!(d.join("runs/built/inputs.toml").is_file());
+
+    // The model's disk softening edited: refused naming the file and the key.
+    std::fs::write(&model, MODEL.replace("softening = 0.02", "softening = 0.5")).unwrap();
+    assert_rejected(
+        d,
+        &["run", cfg.to_str().unwrap(), "--resume", "--quiet"],
+        1,
+        &["model.toml", "disk.softening", "was 0.02", "now 0.5"],
+    );
+    // Without checkpoints, the same config with an edited model does not start again.
+    let kept = d.join("kept-checkpoints");
+    std::fs::rename(d.join("runs/built/checkpoints"), &kept).unwrap();
+    assert_rejected(
+        d,
+        &["run", cfg.to_str().unwrap(), "--resume", "--quiet"],
+        1,
+        &["no checkpoint", "inputs differ", "disk.softening"],
+    );
+    std::fs::rename(&kept, d.join("runs/built/checkpoints")).unwrap();
+
+    // The folder and the model moved, paths edited, a comment added to the model: the
+    // content is the same, so the run goes on (with a later t_end).
+    std::fs::create_dir_all(d.join("elsewhere/models")).unwrap();
+    std::fs::rename(d.join("runs"), d.join("elsewhere/runs")).unwrap();
+    std::fs::remove_file(&model).unwrap();
+    write(d, "elsewhere/models/m.toml", &format!("# moved\n{MODEL}"));
+    write(
+        d,
+        "moved.toml",
+        &input_config(
+            "elsewhere/runs",
+            "model = \"elsewhere/models/m.toml\"\nn = 200",
+            0.006,
+        ),
+    );
+    let err = run_ok(d, &["run", "moved.toml", "--resume"]);
+    assert!(err.contains("resuming from"), "{err}");
+    assert!(
+        d.join("elsewhere/runs/built/snapshots/snap_003.hdf5")
+            .is_file()
+    );
+
+    // An IC file's content edited after the run started: refused naming the file.
+    let ic = d.join("ic.hdf5");
+    run_ok(
+        d,
+        &[
+            "ics",
+            "elsewhere/models/m.toml",
+            "--n",
+            "200",
+            "-o",
+            "ic.hdf5",
+        ],
+    );
+    write(
+        d,
+        "file.toml",
+        &input_config("file-runs", "file = \"ic.hdf5\"", 0.004),
+    );
+    run_ok(d, &["run", "file.toml", "--quiet"]);
+    run_ok(
+        d,
+        &[
+            "ics",
+            "elsewhere/models/m.toml",
+            "--n",
+            "200",
+            "--seed",
+            "9",
+            "-o",
+            "ic.hdf5",
+        ],
+    );
+    assert!(ic.is_file());
+    let before = tree_contents(&d.join("file-runs"));
+    let out = run_in(d, &["run", "file.toml", "--resume", "--quiet"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("IC file ic.hdf5") && err.contains("content changed"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(before == tree_contents(&d.join("file-runs")));
+}

@@ -1,0 +1,231 @@
+//! The record of what a run was built from (`RUN/inputs.toml`): the model file's SHA-256 and
+//! resolved content, or the IC file's SHA-256 and size.
+//!
+//! The config alone does not identify a run: `ics.model` and `ics.file` name files whose
+//! content can change after the run started. `--resume` compares the inputs given then with
+//! this record and refuses a difference, naming the file and, for a model, the key. Paths
+//! are recorded for the reader only; identity is the content, so a run folder moved with its
+//! inputs (and `output_dir`, `ics.model` or `ics.file` edited to the new places) resumes.
+
+use crate::config::{IcSource, flatten};
+use crate::format::short_text;
+use crate::ics::ModelFile;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use thiserror::Error;
+
+/// Name of the record inside a run folder.
+pub const INPUTS_FILE: &str = "inputs.toml";
+/// Format of the record.
+const FORMAT: u32 = 1;
+
+/// The record could not be made, read or written.
+#[derive(Debug, Error)]
+#[error("{path}: {what}: {reason}")]
+pub struct InputsError {
+    /// The file.
+    pub path: PathBuf,
+    /// What was being done.
+    pub what: &'static str,
+    /// Why it failed.
+    pub reason: String,
+}
+
+/// What a run was built from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RunInputs {
+    /// Format of this record.
+    pub format: u32,
+    /// The model file, for a run sampled from a model.
+    pub model: Option<ModelRecord>,
+    /// The IC file, for a run read from a file.
+    pub file: Option<FileRecord>,
+}
+
+/// A model file: its digest and its parsed content (defaults filled in).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelRecord {
+    /// The path given when this record was written (for the reader; not compared).
+    pub path: String,
+    /// SHA-256 of the file's bytes, in hex.
+    pub sha256: String,
+    /// The model as the run used it.
+    pub resolved: ModelFile,
+}
+
+/// An IC file: its digest and size.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileRecord {
+    /// The path given when this record was written (for the reader; not compared).
+    pub path: String,
+    /// SHA-256 of the file's bytes, in hex.
+    pub sha256: String,
+    /// The file's size in bytes.
+    pub bytes: u64,
+}
+
+impl RunInputs {
+    /// Records the inputs of a validated run (reads and hashes the model or IC file).
+    pub fn of(ics: &IcSource) -> Result<Self, InputsError> {
+        Ok(match ics {
+            IcSource::Model { path, model, .. } => RunInputs {
+                format: FORMAT,
+                model: Some(ModelRecord {
+                    path: path.display().to_string(),
+                    sha256: sha256_of(path)?.0,
+                    resolved: (**model).clone(),
+                }),
+                file: None,
+            },
+            IcSource::File { path } => {
+                let (sha256, bytes) = sha256_of(path)?;
+                RunInputs {
+                    format: FORMAT,
+                    model: None,
+                    file: Some(FileRecord {
+                        path: path.display().to_string(),
+                        sha256,
+                        bytes,
+                    }),
+                }
+            }
+        })
+    }
+
+    /// Reads the record of the run folder `run_dir`; `None` when it has none (a folder
+    /// written before records existed, or a run that never started).
+    pub fn read(run_dir: &Path) -> Result<Option<Self>, InputsError> {
+        let path = run_dir.join(INPUTS_FILE);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let fail = |what, reason: String| InputsError {
+            path: path.clone(),
+            what,
+            reason,
+        };
+        let text = super::read_regular_text(&path).map_err(|e| fail("reading", e.to_string()))?;
+        let record: RunInputs =
+            toml::from_str(&text).map_err(|e| fail("parsing", e.message().to_string()))?;
+        if record.format != FORMAT {
+            return Err(fail(
+                "reading",
+                format!(
+                    "record format {}, this leapfmm reads {FORMAT}",
+                    record.format
+                ),
+            ));
+        }
+        Ok(Some(record))
+    }
+
+    /// The record as the text of `inputs.toml`.
+    pub fn to_text(&self) -> Result<String, InputsError> {
+        let body = toml::to_string(self).map_err(|e| InputsError {
+            path: PathBuf::from(INPUTS_FILE),
+            what: "writing",
+            reason: e.to_string(),
+        })?;
+        Ok(format!(
+            "# What this run was built from; --resume refuses inputs that differ from it.\n\
+             # Paths are for the reader: the run is identified by the files' content.\n{body}"
+        ))
+    }
+
+    /// Why the inputs `now` do not continue the run recorded as `self`, in one sentence;
+    /// `None` when they do (same model keys and values, or the same IC file bytes).
+    pub fn difference(&self, now: &RunInputs) -> Option<String> {
+        let restore = "restore it to resume, or start a new run under another name";
+        match (&self.model, &now.model, &self.file, &now.file) {
+            (Some(was), Some(is), _, _) => {
+                let (a, b) = (flat(&was.resolved), flat(&is.resolved));
+                let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+                keys.into_iter().find_map(|k| {
+                    let (va, vb) = (a.get(k), b.get(k));
+                    (va != vb).then(|| {
+                        let show = |v: Option<&String>| {
+                            v.map_or_else(|| "(unset)".into(), |v| short_text(v))
+                        };
+                        format!(
+                            "model file {}: key '{k}' changed since the run started (was {}, now {}); {restore}",
+                            is.path,
+                            show(va),
+                            show(vb)
+                        )
+                    })
+                })
+            }
+            (_, _, Some(was), Some(is)) => (was.sha256 != is.sha256).then(|| {
+                format!(
+                    "IC file {}: its content changed since the run started ({} bytes with SHA-256 {}…, now {} bytes with {}…); {restore}",
+                    is.path,
+                    was.bytes,
+                    &was.sha256[..12.min(was.sha256.len())],
+                    is.bytes,
+                    &is.sha256[..12.min(is.sha256.len())]
+                )
+            }),
+            _ => Some(format!(
+                "the run was started from {}, now it is given {}; {restore}",
+                self.describe(),
+                now.describe()
+            )),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match (&self.model, &self.file) {
+            (Some(m), _) => format!("model file {}", m.path),
+            (_, Some(f)) => format!("IC file {}", f.path),
+            _ => "no recorded input".into(),
+        }
+    }
+}
+
+/// A model's keys as dotted names and their values as TOML text.
+fn flat(model: &ModelFile) -> std::collections::BTreeMap<String, String> {
+    flatten(model)
+        .into_iter()
+        .map(|(k, v)| (k, v.to_string()))
+        .collect()
+}
+
+/// SHA-256 (hex) and size of a regular file, read in pieces.
+fn sha256_of(path: &Path) -> Result<(String, u64), InputsError> {
+    let fail = |reason: String| InputsError {
+        path: path.to_path_buf(),
+        what: "reading to record its digest",
+        reason,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| fail(e.to_string()))?;
+    if !meta.is_file() {
+        return Err(fail("not a regular file".into()));
+    }
+    let mut file = std::fs::File::open(path).map_err(|e| fail(e.to_string()))?;
+    let mut hasher = Sha256::new();
+    let mut buffer = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let got = match file.read(&mut buffer) {
+            Ok(got) => got,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(fail(e.to_string())),
+        };
+        if got == 0 {
+            break;
+        }
+        hasher.update(&buffer[..got]);
+        bytes += got as u64;
+    }
+    let hex = hasher
+        .finalize()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    Ok((hex, bytes))
+}
