@@ -113,6 +113,11 @@ snapshot_acceleration = true
     for (name, t, shape) in datasets {
         let ds = g.dataset(name).unwrap_or_else(|_| panic!("missing {name}"));
         assert_eq!((descriptor(ds.dtype()), ds.shape()), (t, shape), "{name}");
+        // Every dataset is stored with a checksum, so damage fails the read.
+        assert!(
+            ds.filters().contains(&hdf5::filters::Filter::Fletcher32),
+            "{name} has no Fletcher32 filter"
+        );
     }
     let ids = g.dataset("ParticleIDs").unwrap().read_raw::<u64>().unwrap();
     assert!(
@@ -145,10 +150,12 @@ snapshot_acceleration = true
     ] {
         assert_eq!(attr_type(&p, name), (F64, vec![]), "{name}");
     }
-    assert_eq!(
+    // Fixed-length strings, as GADGET-4 writes them (a variable-length string would live in
+    // HDF5's global heap, which has no checksum).
+    assert!(matches!(
         attr_type(&p, "leapfmm_config").0,
-        TypeDescriptor::VarLenUnicode
-    );
+        TypeDescriptor::FixedUnicode(n) if n > 100
+    ));
     assert_eq!(attr_type(&p, "leapfmm.gravity.softening"), (F64, vec![]));
 
     // Round trip through the reader.
@@ -780,4 +787,94 @@ fn unit_attributes_must_be_positive_finite_numbers() {
         err.contains("the file is in N-body units (G = 1), but the run uses 'galactic' units"),
         "{err}"
     );
+}
+
+/// A small deterministic generator for damage positions (xorshift64*).
+struct Damage(u64);
+
+impl Damage {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    /// Flips one bit (even trials) or zero-fills 8–64 bytes (odd trials) of `bytes`.
+    fn apply(&mut self, trial: usize, bytes: &mut [u8]) {
+        let at = (self.next() % bytes.len() as u64) as usize;
+        if trial.is_multiple_of(2) {
+            bytes[at] ^= 1 << (self.next() % 8);
+        } else {
+            let len = 8 + (self.next() % 57) as usize;
+            let end = (at + len).min(bytes.len());
+            bytes[at..end].fill(0);
+        }
+    }
+}
+
+#[test]
+fn damage_to_a_snapshot_is_refused_or_leaves_every_value_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let out = run_in(
+        d,
+        &[
+            "ics",
+            repo("ics/small_disk.toml").to_str().unwrap(),
+            "--n",
+            "3000",
+            "-o",
+            "ic.hdf5",
+        ],
+    );
+    assert!(out.status.success());
+    let clean = std::fs::read(d.join("ic.hdf5")).unwrap();
+    let _hdf5 = hdf5_lock();
+    let original = read_snapshot(&d.join("ic.hdf5")).unwrap();
+    let damaged = d.join("damaged.hdf5");
+    let trials: usize = std::env::var("DAMAGE_TRIALS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(400);
+    let mut damage = Damage(0x9E37_79B9_7F4A_7C15);
+    let (mut refused, mut unchanged) = (0, 0);
+    for trial in 0..trials {
+        let mut bytes = clean.clone();
+        damage.apply(trial, &mut bytes);
+        if bytes == clean {
+            continue;
+        }
+        std::fs::write(&damaged, &bytes).unwrap();
+        match read_snapshot(&damaged) {
+            Err(e) => {
+                let message = e.to_string();
+                assert!(
+                    message.contains("damaged.hdf5") && !message.contains('\n'),
+                    "{message}"
+                );
+                if message.contains("Fletcher32") {
+                    // A damaged dataset is named, with what to do.
+                    assert!(
+                        message.contains("PartType") && message.contains("is damaged"),
+                        "{message}"
+                    );
+                }
+                refused += 1;
+            }
+            Ok(read) => {
+                // Accepted only when the damage missed everything the reader uses.
+                assert!(
+                    read.particles == original.particles
+                        && read.time.to_bits() == original.time.to_bits()
+                        && read.units == original.units
+                        && read.nbody == original.nbody,
+                    "trial {trial}: damaged data accepted"
+                );
+                unchanged += 1;
+            }
+        }
+    }
+    println!("{trials} damages: {refused} refused, {unchanged} read with every value unchanged");
+    assert!(refused > trials / 4, "{refused} of {trials} refused");
 }

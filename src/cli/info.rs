@@ -129,7 +129,11 @@ fn snapshot_info(path: &Path) -> Result<()> {
     let mut groups = file.member_names().unwrap_or_default();
     groups.sort();
     for g in groups.iter().filter(|g| g.starts_with("PartType")) {
-        let group = file.group(g)?;
+        // A damaged group is named by the read below, with the reason.
+        let Ok(group) = file.group(g) else {
+            println!("  {g}: (unreadable)");
+            continue;
+        };
         println!("  {g}:");
         let mut names = group.member_names().unwrap_or_default();
         names.sort();

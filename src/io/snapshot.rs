@@ -2,8 +2,8 @@
 //! unchanged; and a reader for GADGET-format files written by other codes.
 
 use super::hdf5_util::{
-    read_f64, read_f64_array, read_i64_array, read_string, vectors_to_array, write_array,
-    write_scalar, write_string,
+    create_checksummed, damage, read_f64, read_f64_array, read_i64_array, read_string,
+    vectors_to_array, write_array, write_dataset, write_scalar, write_string,
 };
 use crate::config::Precision;
 use crate::format::short;
@@ -127,7 +127,7 @@ fn temporary_name(path: &Path) -> PathBuf {
 }
 
 fn write_file(path: &Path, particles: &Particles, info: &SnapshotInfo) -> hdf5::Result<()> {
-    let file = hdf5::File::create(path)?;
+    let file = create_checksummed(path)?;
     let mut by_type: Vec<Vec<usize>> = vec![Vec::new(); PART_TYPES];
     for c in Component::ALL {
         let mut idx = particles.indices_of(c);
@@ -187,31 +187,19 @@ fn write_file(path: &Path, particles: &Particles, info: &SnapshotInfo) -> hdf5::
             }
             let sel = pick3(data);
             if double {
-                g.new_dataset_builder()
-                    .with_data(&vectors_to_array(&sel, |x| x))
-                    .create(name)?;
+                write_dataset(&g, name, &vectors_to_array(&sel, |x| x))?;
             } else {
-                g.new_dataset_builder()
-                    .with_data(&vectors_to_array(&sel, |x| x as f32))
-                    .create(name)?;
+                write_dataset(&g, name, &vectors_to_array(&sel, |x| x as f32))?;
             }
         }
         let ids = Array1::from_iter(idx.iter().map(|&i| particles.id[i]));
-        g.new_dataset_builder()
-            .with_data(&ids)
-            .create("ParticleIDs")?;
-        g.new_dataset_builder()
-            .with_data(&pick1(&particles.mass))
-            .create("Masses")?;
+        write_dataset(&g, "ParticleIDs", &ids)?;
+        write_dataset(&g, "Masses", &pick1(&particles.mass))?;
         if info.potential {
             if double {
-                g.new_dataset_builder()
-                    .with_data(&pick1(&particles.pot))
-                    .create("Potential")?;
+                write_dataset(&g, "Potential", &pick1(&particles.pot))?;
             } else {
-                g.new_dataset_builder()
-                    .with_data(&pick1(&particles.pot).mapv(|x| x as f32))
-                    .create("Potential")?;
+                write_dataset(&g, "Potential", &pick1(&particles.pot).mapv(|x| x as f32))?;
             }
         }
     }
@@ -367,11 +355,7 @@ pub fn read_snapshot_with(
 fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize), SnapshotError> {
     let err = |what: &str| {
         let what = what.to_string();
-        move |e: hdf5::Error| SnapshotError::Hdf5 {
-            path: path.to_path_buf(),
-            what: what.clone(),
-            reason: e.to_string(),
-        }
+        move |e: hdf5::Error| hdf5_error(path, &what, &e)
     };
     let content = |reason: String| SnapshotError::Content {
         path: path.to_path_buf(),
@@ -388,9 +372,11 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
         Ok(_) => {}
     }
     let file = hdf5::File::open(path).map_err(err("opening as HDF5"))?;
-    let header = file
-        .group("Header")
-        .map_err(|_| content("no /Header group: not a GADGET-format HDF5 file".into()))?;
+    let header = file.group("Header").map_err(|e| match damage(&e) {
+        Some(_) => hdf5_error(path, "reading Header", &e),
+        None => content("no /Header group: not a GADGET-format HDF5 file".into()),
+    })?;
+    check_metadata_intact(path, &file)?;
     let counts = read_i64_array(&header, "NumPart_ThisFile")
         .map_err(err("reading Header/NumPart_ThisFile"))?;
     if let Some((pt, c)) = counts.iter().enumerate().find(|(_, c)| **c < 0) {
@@ -431,10 +417,11 @@ fn read_one(path: &Path, velocities: Velocities) -> Result<(SnapshotData, usize)
         let n = count as usize;
         let component = Component::from_part_type(pt).unwrap_or(Component::Generic);
         let group = format!("PartType{pt}");
-        let g = file.group(&group).map_err(|_| {
-            content(format!(
+        let g = file.group(&group).map_err(|e| match damage(&e) {
+            Some(_) => hdf5_error(path, &format!("reading {group}"), &e),
+            None => content(format!(
                 "Header says {n} particles of {group}, but the group is missing"
-            ))
+            )),
         })?;
         let read3 = |name: &str| -> Result<Vec<[f64; 3]>, SnapshotError> {
             let ds = g
@@ -570,6 +557,54 @@ fn check_total(path: &Path, counts: &[[u64; PART_TYPES]]) -> Result<(), Snapshot
         }
     }
     Ok(())
+}
+
+/// Opens every group and attribute once, so that a failed metadata checksum is reported as
+/// damage instead of read as an absent attribute (a damaged `Header/Time` must not become
+/// time 0). Other errors are left to the reads that need the object.
+fn check_metadata_intact(path: &Path, file: &hdf5::File) -> Result<(), SnapshotError> {
+    let groups = file
+        .member_names()
+        .map_err(|e| hdf5_error(path, "reading the file's groups", &e))?;
+    for group in groups {
+        let g = match file.group(&group) {
+            Ok(g) => g,
+            Err(e) if damage(&e).is_some() => {
+                return Err(hdf5_error(path, &format!("reading {group}"), &e));
+            }
+            Err(_) => continue,
+        };
+        let names = g
+            .attr_names()
+            .map_err(|e| hdf5_error(path, &format!("reading {group}"), &e))?;
+        for name in names {
+            if let Err(e) = g.attr(&name)
+                && damage(&e).is_some()
+            {
+                return Err(hdf5_error(path, &format!("reading {group}/{name}"), &e));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// An HDF5 failure while `what` ("reading X") was done; a failed checksum is said as damage
+/// to X, in one sentence.
+fn hdf5_error(path: &Path, what: &str, e: &hdf5::Error) -> SnapshotError {
+    match damage(e) {
+        Some(kind) => SnapshotError::Content {
+            path: path.to_path_buf(),
+            reason: format!(
+                "{} is damaged: {kind}, so the file changed after it was written; use an intact copy",
+                what.strip_prefix("reading ").unwrap_or(what)
+            ),
+        },
+        None => SnapshotError::Hdf5 {
+            path: path.to_path_buf(),
+            what: what.to_string(),
+            reason: e.to_string(),
+        },
+    }
 }
 
 /// Most a compression filter can shrink data (deflate's limit is about 1 032 : 1).
@@ -723,23 +758,12 @@ pub fn write_forces(
             let a = &acc[offset..offset + n];
             let p = Array1::from_iter(pot[offset..offset + n].iter().copied());
             if double {
-                g.new_dataset_builder()
-                    .with_data(&vectors_to_array(a, |x| x))
-                    .create("Acceleration")
-                    .map_err(fail)?;
-                g.new_dataset_builder()
-                    .with_data(&p)
-                    .create("Potential")
-                    .map_err(fail)?;
+                write_dataset(&g, "Acceleration", &vectors_to_array(a, |x| x)).map_err(fail)?;
+                write_dataset(&g, "Potential", &p).map_err(fail)?;
             } else {
-                g.new_dataset_builder()
-                    .with_data(&vectors_to_array(a, |x| x as f32))
-                    .create("Acceleration")
+                write_dataset(&g, "Acceleration", &vectors_to_array(a, |x| x as f32))
                     .map_err(fail)?;
-                g.new_dataset_builder()
-                    .with_data(&p.mapv(|x| x as f32))
-                    .create("Potential")
-                    .map_err(fail)?;
+                write_dataset(&g, "Potential", &p.mapv(|x| x as f32)).map_err(fail)?;
             }
             offset += n;
         }
