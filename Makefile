@@ -4,7 +4,7 @@
 CARGO ?= cargo
 CONFIG ?= configs/quickstart.toml
 
-.PHONY: deps deps-mpi build run test test-mpi kernels-check lint bench
+.PHONY: deps deps-mpi build run test test-readers test-mpi kernels-check lint bench
 
 deps:
 	@scripts/install-deps.sh
@@ -19,13 +19,23 @@ build: deps
 run: build
 	./target/release/leapfmm run $(CONFIG) --resume
 
-# The whole test suite, optimised (the numerical tests are too slow unoptimised).
+# The whole test suite, optimised (the numerical tests are too slow unoptimised), then the
+# snapshots read by the real pynbody, yt and h5py.
 test: deps
 	@if command -v cargo-nextest >/dev/null 2>&1; then \
 		$(CARGO) nextest run --release --no-fail-fast; \
 	else \
 		$(CARGO) test --release --no-fail-fast; \
 	fi
+	@$(MAKE) --no-print-directory test-readers
+
+# pynbody, yt and h5py (from PyPI, in a local virtual environment) read a galactic run's
+# snapshot, a multi-file one, an IC file and an N-body run's snapshot with the right
+# physics (tests/readers/test_readers.py; pynbody reads tests/readers/config.ini).
+test-readers: build
+	@python3 -m venv .readers-venv 2>/dev/null || { scripts/install-deps.sh venv && python3 -m venv .readers-venv; }
+	@.readers-venv/bin/pip install -q --disable-pip-version-check -r tests/readers/requirements.txt
+	@cd tests/readers && ../../.readers-venv/bin/python -m pytest -q -p no:cacheprovider -W ignore::UserWarning test_readers.py
 
 # The MPI tests: `mpirun -n 2` and `-n 3` against thread ranks (feature `mpi`).
 test-mpi: deps-mpi

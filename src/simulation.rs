@@ -1339,6 +1339,7 @@ impl<'a> Simulation<'a> {
             parameters: flatten(c),
             settings_text: Some(&self.spec.source.text),
             multi_file,
+            softening: Some(component_softening(self.spec).unwrap_or([c.gravity.softening; 4])),
         };
         write_snapshot(&path, &self.particles, &info)?;
         self.state.snapshots_written += 1;

@@ -1,5 +1,7 @@
 //! Radial profiles of particle sets.
 
+use crate::gravity::direct::SourceSet;
+use crate::gravity::{DirectSummation, Softening, SofteningKernel};
 use crate::particles::{Component, Particles};
 
 /// (spherical radius, mass) of the `component` particles, by increasing radius.
@@ -102,7 +104,7 @@ pub struct ProfileRow {
     /// The disk's statistics in the annulus.
     pub disk: Annulus,
     /// Circular velocity of each component present (`Component::ALL` order, zero where
-    /// absent) from its mass within the sphere of this radius: sqrt(G M(<r) / r).
+    /// absent or pulling outward) in the midplane: sqrt(−R a_R) from its particles.
     pub v_circ: [f64; 4],
     /// Total circular velocity.
     pub v_circ_total: f64,
@@ -111,41 +113,76 @@ pub struct ProfileRow {
     pub toomre_q: f64,
 }
 
+/// Points per ring on which the midplane circular velocity is averaged.
+const RING_POINTS: usize = 16;
+
+/// Circular velocity of each component (`Component::ALL` order) at each of `radii` in the
+/// plane z = 0: sqrt(−R ⟨a_R⟩) from that component's particles by direct summation (spline
+/// softening `eps`), averaged over `RING_POINTS` azimuths. Returned as v² (signed: a
+/// component may pull outward), so that the total is their sum. This is the speed of a
+/// circular orbit in the disk's plane (what pynbody's `v_circ` computes); the spherical
+/// sqrt(G M(<r)/r) is a few per cent low for a flattened disk.
+fn midplane_v_circ_squared(p: &Particles, radii: &[f64], g: f64, eps: f64) -> Vec<[f64; 4]> {
+    let solver = DirectSummation::new(
+        g,
+        Softening {
+            kernel: SofteningKernel::Spline,
+            epsilon: eps,
+        },
+    );
+    let ring: Vec<[f64; 3]> = radii
+        .iter()
+        .flat_map(|&r| {
+            (0..RING_POINTS).map(move |k| {
+                let phi = std::f64::consts::TAU * k as f64 / RING_POINTS as f64;
+                [r * phi.cos(), r * phi.sin(), 0.0]
+            })
+        })
+        .collect();
+    let mut out = vec![[0.0; 4]; radii.len()];
+    for c in Component::ALL {
+        let members: Vec<usize> = (0..p.len()).filter(|&i| p.component[i] == c).collect();
+        if members.is_empty() {
+            continue;
+        }
+        let pos: Vec<[f64; 3]> = members.iter().map(|&i| p.pos[i]).collect();
+        let mass: Vec<f64> = members.iter().map(|&i| p.mass[i]).collect();
+        let mut acc = vec![[0.0; 3]; ring.len()];
+        let mut pot = vec![0.0; ring.len()];
+        solver.evaluate(&SourceSet::new(&pos, &mass), &ring, &mut acc, &mut pot);
+        for (b, row) in out.iter_mut().enumerate() {
+            let points = b * RING_POINTS..(b + 1) * RING_POINTS;
+            // −R a_R = −(x a_x + y a_y) at each point, averaged over the ring.
+            let v2: f64 = points
+                .map(|k| -(ring[k][0] * acc[k][0] + ring[k][1] * acc[k][1]))
+                .sum::<f64>()
+                / RING_POINTS as f64;
+            row[c.index()] = v2;
+        }
+    }
+    out
+}
+
 /// The profile of the `disk` component in `bins` annuli of equal width out to `r_max`, with
-/// every component's circular velocity (gravitational constant `g`).
+/// every component's circular velocity in the midplane (gravitational constant `g`,
+/// softening `eps`).
 pub fn disk_profile(
     p: &Particles,
     disk: Component,
     r_max: f64,
     bins: usize,
     g: f64,
+    eps: f64,
 ) -> Vec<ProfileRow> {
     let width = r_max / bins as f64;
-    // Cumulative mass by spherical radius, per component.
-    let enclosed: Vec<Vec<(f64, f64)>> = Component::ALL
-        .iter()
-        .map(|&c| {
-            let mut rm = by_radius(p, c);
-            let mut acc = 0.0;
-            for e in &mut rm {
-                acc += e.1;
-                e.1 = acc;
-            }
-            rm
-        })
-        .collect();
-    let mass_within = |k: usize, r: f64| {
-        let rm = &enclosed[k];
-        let n = rm.partition_point(|e| e.0 < r);
-        if n == 0 { 0.0 } else { rm[n - 1].1 }
-    };
+    let radii: Vec<f64> = (0..bins).map(|b| (b as f64 + 0.5) * width).collect();
+    let v2 = midplane_v_circ_squared(p, &radii, g, eps);
     let mut rows: Vec<ProfileRow> = (0..bins)
         .map(|b| {
             let (r0, r1) = (b as f64 * width, (b + 1) as f64 * width);
-            let radius = 0.5 * (r0 + r1);
-            let v_circ: [f64; 4] =
-                std::array::from_fn(|k| (g * mass_within(k, radius) / radius).sqrt());
-            let v_circ_total = v_circ.iter().map(|v| v * v).sum::<f64>().sqrt();
+            let radius = radii[b];
+            let v_circ: [f64; 4] = v2[b].map(|v| v.max(0.0).sqrt());
+            let v_circ_total = v2[b].iter().sum::<f64>().max(0.0).sqrt();
             ProfileRow {
                 radius,
                 disk: annulus(p, disk, r0, r1),

@@ -6,7 +6,7 @@ use super::bar::{m2_mode, pattern_speeds};
 use super::maps::{View, surface_density};
 use super::plot::{PlotError, Series, line_chart, map_image};
 use super::profiles::{annulus, disk_profile, lagrangian_radii};
-use crate::io::snapshot::{SnapshotData, SnapshotError, read_snapshot};
+use crate::io::snapshot::{SnapshotData, SnapshotError, read_parameter_f64, read_snapshot};
 use crate::particles::{Component, Particles};
 use crate::units::CgsUnits;
 use std::fmt::Write as _;
@@ -251,6 +251,18 @@ pub fn analyze(input: &Path, output: &Path, options: Options) -> Result<Report, 
     Ok(report)
 }
 
+/// The softening for the midplane circular velocity: the run's (or the disk type's GADGET-4
+/// softening class) when the file records it, else 1 % of the profile's radius; beyond a few
+/// softening lengths from the ring points it changes nothing.
+fn softening_of(data: &SnapshotData, disk: Component, r_max: f64) -> f64 {
+    let file = data.files.first();
+    let read = |name: &str| file.and_then(|f| read_parameter_f64(f, name));
+    read("leapfmm.gravity.softening")
+        .or_else(|| read(&format!("SofteningComovingClass{}", disk.part_type())))
+        .filter(|e| e.is_finite() && *e >= 0.0)
+        .unwrap_or(0.01 * r_max)
+}
+
 /// Maps and profiles of one snapshot.
 fn one_snapshot(
     data: &SnapshotData,
@@ -280,7 +292,14 @@ fn one_snapshot(
     }
     let disk_count = p.component.iter().filter(|&&c| c == disk).count();
     let bins = options.bins.unwrap_or((disk_count / 400).clamp(10, 40));
-    let rows = disk_profile(p, disk, r_max, bins, units.g);
+    let rows = disk_profile(
+        p,
+        disk,
+        r_max,
+        bins,
+        units.g,
+        softening_of(data, disk, r_max),
+    );
     let mut csv = String::from(
         "radius,count,surface_density,mean_vphi,sigma_r,sigma_phi,sigma_z,scale_height,vc_halo,vc_disk,vc_bulge,vc_other,vc_total,toomre_q\n",
     );

@@ -267,6 +267,7 @@ fn export(path: &std::path::Path, workloads: &[Workload], sizes: &[usize]) -> Re
             "gravity.softening".into(),
             toml::Value::Float(w.softening(n)),
         )],
+        softening: Some([w.softening(n); 4]),
         ..SnapshotInfo::new(0.0, units, Precision::Double)
     };
     write_snapshot(path, &particles, &info)?;

@@ -85,6 +85,9 @@ pub fn execute(args: IcsArgs) -> Result<()> {
     let info = SnapshotInfo {
         parameters,
         settings_text: Some(&text),
+        // Known only where the model gives every component its own length (the run's
+        // gravity.softening is not the model's).
+        softening: model.own_softening(),
         ..SnapshotInfo::new(0.0, model.units, precision)
     };
     write_snapshot(&args.output, &particles, &info)?;

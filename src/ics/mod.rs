@@ -252,6 +252,26 @@ impl ModelFile {
             .then(|| present.map(|e| e.unwrap_or(0.0)))
     }
 
+    /// Every present component's own `softening` (`Component::ALL` order, 0 for absent
+    /// ones), when each gives one; `None` when any relies on the run's length.
+    pub fn own_softening(&self) -> Option<[f64; 4]> {
+        let own = [
+            self.halo.as_ref().map(|h| h.softening),
+            self.disk.as_ref().map(|d| d.softening),
+            self.bulge.as_ref().map(|b| b.softening),
+            self.sphere.as_ref().map(|_| None),
+        ];
+        let mut out = [0.0; 4];
+        for (slot, given) in out.iter_mut().zip(own) {
+            match given {
+                Some(Some(e)) => *slot = e,
+                Some(None) => return None,
+                None => {}
+            }
+        }
+        Some(out)
+    }
+
     /// Number of components with particles.
     pub fn components(&self) -> usize {
         if self.sphere.is_some() {

@@ -58,6 +58,9 @@ pub struct SnapshotInfo<'a> {
     pub settings_text: Option<&'a str>,
     /// Set when this file is one of several that together hold the snapshot.
     pub multi_file: Option<MultiFile>,
+    /// Plummer-equivalent softening length of each component (`Component::ALL` order), when
+    /// known: written as GADGET-4's softening classes, from which pynbody takes `eps`.
+    pub softening: Option<[f64; 4]>,
 }
 
 impl SnapshotInfo<'_> {
@@ -72,6 +75,7 @@ impl SnapshotInfo<'_> {
             parameters: Vec::new(),
             settings_text: None,
             multi_file: None,
+            softening: None,
         }
     }
 }
@@ -219,8 +223,17 @@ fn write_units(file: &hdf5::File, units: UnitSystem) -> hdf5::Result<()> {
     write_scalar(&g, "Unit time in cgs (U_t)", c.time_s())?;
     write_scalar(&g, "Unit current in cgs (U_I)", 1.0f64)?;
     write_scalar(&g, "Unit temperature in cgs (U_T)", 1.0f64)?;
+    // GADGET's names as well: pynbody takes units only from /Units when the group exists,
+    // and looks for these (all 1 for N-body units, as the SWIFT factors are).
+    write_scalar(&g, "UnitLength_in_cm", c.length_cm)?;
+    write_scalar(&g, "UnitMass_in_g", c.mass_g)?;
+    write_scalar(&g, "UnitVelocity_in_cm_per_s", c.velocity_cm_per_s)?;
+    write_scalar(&g, "UnitTime_in_s", c.time_s())?;
     write_string(&g, "UnitSystem", units.name())
 }
+
+/// Seconds in a gigayear (Julian years, as pynbody and astropy count them).
+const SECONDS_PER_GYR: f64 = 3.15576e16;
 
 /// `/Parameters`: GADGET-4 unit parameters (read by yt) plus every key of the run config
 /// and its full text.
@@ -238,6 +251,19 @@ fn write_parameters(file: &hdf5::File, info: &SnapshotInfo) -> hdf5::Result<()> 
     )?;
     write_scalar(&g, "ComovingIntegrationOn", 0i32)?;
     write_scalar(&g, "TimeBegin", 0.0f64)?;
+    // pynbody reads a non-cosmological snapshot's time only from Time_GYR (otherwise it
+    // computes the age of a default universe). N-body units count seconds (factor 1).
+    let time_s = info.units.cgs().map_or(1.0, |c| c.time_s());
+    write_scalar(&g, "Time_GYR", info.time * time_s / SECONDS_PER_GYR)?;
+    if let Some(eps) = info.softening {
+        // GADGET-4's form: one softening class per particle type (class t for type t).
+        for c in Component::ALL {
+            let t = c.part_type();
+            write_scalar(&g, &format!("SofteningClassOfPartType{t}"), t as i32)?;
+            write_scalar(&g, &format!("SofteningComovingClass{t}"), eps[c.index()])?;
+            write_scalar(&g, &format!("SofteningMaxPhysClass{t}"), eps[c.index()])?;
+        }
+    }
     if let Some(text) = info.settings_text {
         write_string(&g, "leapfmm_config", text)?;
     }
