@@ -15,9 +15,12 @@ deps-mpi:
 build: deps
 	$(CARGO) build --release
 
-# Runs (or resumes, or reports as finished) the quick-start simulation.
+# Runs (or resumes, or reports as finished) the quick-start simulation, then draws its
+# plots and tables into RUN_DIR/analysis/ (RUN_DIR: the config's output_dir/name).
+RUN_DIR ?= runs/quickstart
 run: build
 	./target/release/leapfmm run $(CONFIG) --resume
+	./target/release/leapfmm analyze $(RUN_DIR)
 
 # The whole test suite, optimised (the numerical tests are too slow unoptimised), then the
 # snapshots read by the real pynbody, yt and h5py.

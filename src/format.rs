@@ -18,6 +18,18 @@ pub fn short_text(value: &str) -> String {
     }
 }
 
+/// `x` for a CSV table: the shortest decimal that reads back as the same bits, plain
+/// (`0`, `0.001`, `29073.062050436758`) unless that is longer than the exponent form would
+/// read comfortably (`-2.1762898844146505e-9`, `1e300`).
+pub fn csv_number(x: f64) -> String {
+    let plain = x.to_string();
+    if plain.len() <= 21 {
+        plain
+    } else {
+        format!("{x:e}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -37,5 +49,22 @@ mod tests {
             "a value already formatted in full"
         );
         assert_eq!(short_text("fmm"), "fmm");
+    }
+
+    #[test]
+    fn csv_numbers_read_back_as_the_same_bits() {
+        for x in [
+            0.0,
+            1e-3,
+            29073.062050436758,
+            -2.1762898844146505e-9,
+            1e300,
+            -0.1,
+        ] {
+            assert_eq!(csv_number(x).parse::<f64>().unwrap().to_bits(), x.to_bits());
+        }
+        assert_eq!(csv_number(0.0), "0");
+        assert_eq!(csv_number(0.001), "0.001");
+        assert_eq!(csv_number(1e300), "1e300");
     }
 }

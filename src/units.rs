@@ -6,9 +6,9 @@
 use serde::{Deserialize, Serialize};
 
 /// Kiloparsec in centimetres (IAU 2015 parsec).
-const KPC_CM: f64 = 3.085_677_581_491_367e21;
+pub const KPC_CM: f64 = 3.085_677_581_491_367e21;
 /// Solar mass in grams (IAU 2015 nominal GM_sun / CODATA G).
-const MSUN_G: f64 = 1.988_409_870_698_051e33;
+pub const MSUN_G: f64 = 1.988_409_870_698_051e33;
 /// Kilometre per second in cm/s.
 const KMS_CMS: f64 = 1.0e5;
 /// Seconds per gigayear (Julian years).

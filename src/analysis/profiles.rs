@@ -114,11 +114,11 @@ pub struct ProfileRow {
 }
 
 /// Points per ring on which the midplane circular velocity is averaged.
-const RING_POINTS: usize = 16;
+const RING_POINTS: usize = 64;
 
 /// Circular velocity of each component (`Component::ALL` order) at each of `radii` in the
 /// plane z = 0: sqrt(−R ⟨a_R⟩) from that component's particles by direct summation (spline
-/// softening `eps`), averaged over `RING_POINTS` azimuths. Returned as v² (signed: a
+/// softening `eps`, at least a quarter bin). averaged over `RING_POINTS` azimuths. Returned as v² (signed: a
 /// component may pull outward), so that the total is their sum. This is the speed of a
 /// circular orbit in the disk's plane (what pynbody's `v_circ` computes); the spherical
 /// sqrt(G M(<r)/r) is a few per cent low for a flattened disk.
@@ -165,7 +165,7 @@ fn midplane_v_circ_squared(p: &Particles, radii: &[f64], g: f64, eps: f64) -> Ve
 
 /// The profile of the `disk` component in `bins` annuli of equal width out to `r_max`, with
 /// every component's circular velocity in the midplane (gravitational constant `g`,
-/// softening `eps`).
+/// softening `eps`, at least a quarter bin).
 pub fn disk_profile(
     p: &Particles,
     disk: Component,
@@ -176,7 +176,9 @@ pub fn disk_profile(
 ) -> Vec<ProfileRow> {
     let width = r_max / bins as f64;
     let radii: Vec<f64> = (0..bins).map(|b| (b as f64 + 0.5) * width).collect();
-    let v2 = midplane_v_circ_squared(p, &radii, g, eps);
+    // A quarter bin of softening at least: it smooths the pull of the few particles next to
+    // a ring point (noise), and changes the mean pull of the rest by nothing measurable.
+    let v2 = midplane_v_circ_squared(p, &radii, g, eps.max(0.25 * width));
     let mut rows: Vec<ProfileRow> = (0..bins)
         .map(|b| {
             let (r0, r1) = (b as f64 * width, (b + 1) as f64 * width);

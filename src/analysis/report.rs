@@ -346,7 +346,7 @@ fn one_snapshot(
         ),
         (
             "rotation",
-            format!("Circular velocity by component (spherical M(<r)), {when}"),
+            format!("Circular velocity by component (midplane force), {when}"),
             format!("v_c [{vel}]"),
             {
                 let mut s: Vec<Series> = Component::ALL

@@ -23,9 +23,10 @@ pub struct BenchArgs {
     /// Workloads to run.
     #[arg(long, value_enum, default_value_t = WorkloadArg::Both)]
     workload: WorkloadArg,
-    /// Particle counts.
-    #[arg(long, value_delimiter = ',', default_values_t = [10_000usize, 100_000, 1_000_000])]
-    sizes: Vec<usize>,
+    /// Particle counts (`--sizes 10000 50000` or `--sizes 10000,50000`).
+    #[arg(long, num_args = 1.., value_delimiter = ',', allow_negative_numbers = true,
+          value_parser = super::particle_count, default_values_t = [10_000u64, 100_000, 1_000_000])]
+    sizes: Vec<u64>,
     /// Also run N = 1e7.
     #[arg(long)]
     large: bool,
@@ -181,10 +182,10 @@ pub fn execute(args: BenchArgs) -> Result<()> {
         WorkloadArg::DiskInHalo => vec![Workload::DiskInHalo],
         WorkloadArg::Both => vec![Workload::Plummer, Workload::DiskInHalo],
     };
+    let mut sizes: Vec<usize> = args.sizes.iter().map(|&n| n as usize).collect();
     if let Some(path) = &args.export {
-        return export(path, &workloads, &args.sizes);
+        return export(path, &workloads, &sizes);
     }
-    let mut sizes = args.sizes.clone();
     if args.large {
         sizes.push(10_000_000);
     }

@@ -61,7 +61,7 @@ pub struct ForcesArgs {
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Evaluate this many times and report each (the first finds the buffer capacities).
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
     repeat: usize,
     /// Caps presets file to start from and record in.
     #[arg(long)]
@@ -69,7 +69,7 @@ pub struct ForcesArgs {
     /// Evaluate with the distributed solver on K thread ranks sharing this machine's cores;
     /// with --backend cuda, then again with each rank's passes on GPU `rank mod GPUs`, and
     /// compare the two.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024).map(|v| v as usize))]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1024).map(|v| v as usize))]
     ranks: usize,
     /// Where the FMM passes run: `cuda` runs them on GPU 0 from the CPU's tree and lists,
     /// reports the difference from the CPU's forces, and writes the GPU's (one rank).

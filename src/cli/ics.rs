@@ -15,7 +15,7 @@ pub struct IcsArgs {
     /// Model file (TOML, see ics/).
     model: PathBuf,
     /// Number of particles.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=(1u64 << 40)))]
+    #[arg(long, allow_negative_numbers = true, value_parser = super::particle_count)]
     n: u64,
     /// Random seed.
     #[arg(long, default_value_t = 0)]

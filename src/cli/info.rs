@@ -3,10 +3,12 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
+use leapfmm::config::RunConfig;
 use leapfmm::io::checkpoint;
 use leapfmm::io::snapshot::read_snapshot;
 use leapfmm::particles::{Component, Particles};
 use leapfmm::simulation::{Checkpoint, verify_checkpoint};
+use leapfmm::units::{CgsUnits, KPC_CM, MSUN_G};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -68,12 +70,13 @@ fn checkpoint_set_info(path: &Path) -> Result<()> {
         "  step {}, last dt {:e}, snapshots written {}",
         first.state.step, first.state.last_dt, first.state.snapshots_written
     );
+    let first_config = first.config_text.clone();
     let mut all = Particles::default();
     for (r, ckpt) in ranks.into_iter().enumerate() {
         println!("  rank {r}: {} particles", ckpt.particles.len());
         all.extend(ckpt.particles);
     }
-    print_particles(&all);
+    print_particles(&all, shown_of(&first_config));
     Ok(())
 }
 
@@ -97,7 +100,7 @@ fn checkpoint_info(path: &Path) -> Result<()> {
         ckpt.state.step, ckpt.state.last_dt, ckpt.state.snapshots_written
     );
     println!("  initial total energy {:e}", ckpt.state.energy0);
-    print_particles(&ckpt.particles);
+    print_particles(&ckpt.particles, shown_of(&ckpt.config_text));
     println!("  config:");
     for line in ckpt.config_text.lines() {
         println!("    {line}");
@@ -158,7 +161,8 @@ fn snapshot_info(path: &Path) -> Result<()> {
     }
     match read_snapshot(path) {
         Ok(data) => {
-            println!("  time {}", data.time);
+            let shown = Shown(data.units);
+            println!("  time {}", shown.time(data.time));
             if data.files.len() > 1 {
                 println!("  spread over {} files", data.files.len());
             }
@@ -169,7 +173,7 @@ fn snapshot_info(path: &Path) -> Result<()> {
                 ),
                 None => println!("  units: not recorded (or N-body)"),
             }
-            print_particles(&data.particles);
+            print_particles(&data.particles, shown);
         }
         // The layout above helps find the fault; the status says the file is unusable.
         Err(e) => bail!("cannot be used as initial conditions: {e}"),
@@ -187,7 +191,67 @@ fn format_values(v: &[f64]) -> String {
 }
 
 /// Count, mass, centre and extent per component, then totals.
-fn print_particles(p: &Particles) {
+/// The units of a checkpoint's run, from the config it stores.
+fn shown_of(config_text: &str) -> Shown {
+    Shown(
+        toml::from_str::<RunConfig>(config_text)
+            .ok()
+            .and_then(|c| c.units.cgs()),
+    )
+}
+
+/// How quantities are shown: in kpc, Msun, km/s and Myr when the file records physical
+/// units, else as N-body numbers.
+#[derive(Debug, Clone, Copy)]
+struct Shown(Option<CgsUnits>);
+
+impl Shown {
+    fn scaled(&self, x: f64, factor: impl Fn(&CgsUnits) -> f64, unit: &str) -> String {
+        match &self.0 {
+            Some(u) => format!("{} {unit}", short_figures(x * factor(u))),
+            None => short_figures(x),
+        }
+    }
+    fn length(&self, x: f64) -> String {
+        self.scaled(x, |u| u.length_cm / KPC_CM, "kpc")
+    }
+    fn mass(&self, x: f64) -> String {
+        self.scaled(x, |u| u.mass_g / MSUN_G, "Msun")
+    }
+    fn velocity(&self, x: f64) -> String {
+        self.scaled(x, |u| u.velocity_cm_per_s / 1e5, "km/s")
+    }
+    fn time(&self, t: f64) -> String {
+        match &self.0 {
+            Some(u) => format!(
+                "{} ({} Myr)",
+                short_figures(t),
+                short_figures(t * u.time_s() / MYR_S)
+            ),
+            None => format!("{} (N-body units)", short_figures(t)),
+        }
+    }
+}
+
+/// Seconds in a megayear (Julian years).
+const MYR_S: f64 = 3.15576e13;
+
+/// `x` to 5 significant figures, without an exponent where it reads well.
+fn short_figures(x: f64) -> String {
+    if x == 0.0 || (1e-3..1e6).contains(&x.abs()) {
+        let digits = (4 - x.abs().log10().floor() as i32).clamp(0, 8) as usize;
+        let text = format!("{x:.digits$}");
+        if text.contains('.') {
+            text.trim_end_matches('0').trim_end_matches('.').to_string()
+        } else {
+            text
+        }
+    } else {
+        format!("{x:.4e}")
+    }
+}
+
+fn print_particles(p: &Particles, shown: Shown) {
     for c in Component::ALL {
         let idx = p.indices_of(c);
         if idx.is_empty() {
@@ -206,16 +270,16 @@ fn print_particles(p: &Particles) {
             / (3.0 * idx.len() as f64))
             .sqrt();
         println!(
-            "  {} (PartType{}): {} particles, mass {:.6e}, median radius {:.4e}, max radius {:.4e}, 1-D velocity rms {:.4e}",
+            "  {} (PartType{}): {} particles, mass {}, median radius {}, max radius {}, 1-D velocity rms {}",
             c.name(),
             c.part_type(),
             idx.len(),
-            mass,
-            radii[radii.len() / 2],
-            radii[radii.len() - 1],
-            sigma
+            shown.mass(mass),
+            shown.length(radii[radii.len() / 2]),
+            shown.length(radii[radii.len() - 1]),
+            shown.velocity(sigma)
         );
     }
     let total: f64 = p.mass.iter().sum();
-    println!("  total: {} particles, mass {:.6e}", p.len(), total);
+    println!("  total: {} particles, mass {}", p.len(), shown.mass(total));
 }

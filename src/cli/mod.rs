@@ -100,3 +100,14 @@ fn report(result: anyhow::Result<ExitCode>) -> ExitCode {
         }
     }
 }
+
+/// A particle count on the command line: a whole number from 1 to 2^40 (negative numbers
+/// reach it as values, so that `--n -5` is told the count must be positive).
+pub fn particle_count(s: &str) -> Result<u64, String> {
+    match s.trim().parse::<i128>() {
+        Ok(n) if (1..=1i128 << 40).contains(&n) => Ok(n as u64),
+        Ok(n) if n < 1 => Err(format!("{n}: a particle count must be positive")),
+        Ok(n) => Err(format!("{n}: a particle count must be at most 2^40")),
+        Err(_) => Err(format!("{s:?} is not a whole number")),
+    }
+}

@@ -25,7 +25,7 @@ pub struct RunArgs {
     /// Split the particles over K ranks (threads of this process, sharing its cores); the
     /// run writes K-file snapshots and per-rank checkpoints. Resuming with another K
     /// redistributes the particles.
-    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=1024))]
+    #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1024))]
     ranks: u32,
     /// Where the FMM's passes run, overriding `gravity.backend`: `auto` takes GPU 0 when
     /// there is one and the run can use it, and says which it chose.
@@ -146,15 +146,71 @@ fn exit_code(spec: &RunSpec, outcome: RunOutcome, quiet: bool) -> ExitCode {
     match outcome {
         RunOutcome::Finished { steps, time } => {
             if !quiet {
+                let dir = spec.run_dir.display();
+                let when = match spec.config.units.cgs() {
+                    Some(u) => format!("{time} ({:.1} Myr)", time * u.time_s() / 3.15576e13),
+                    None => time.to_string(),
+                };
                 leapfmm::tell!(
-                    "{}: finished at t = {time} after {steps} steps; output in {}",
-                    spec.config.name,
-                    spec.run_dir.display()
+                    "{}: finished at t = {when} after {steps} steps; output in {dir}",
+                    spec.config.name
+                );
+                if let Some(s) = RunFigures::read(&spec.run_dir.join("diagnostics.csv"), steps) {
+                    leapfmm::tell!(
+                        "  wall time {:.1} s, {}, max |ΔE/E| {:.2e} (diagnostics.csv)",
+                        s.wall_s,
+                        s.evaluations,
+                        s.max_energy_error
+                    );
+                }
+                leapfmm::tell!(
+                    "  to see it: leapfmm analyze {dir}  (maps, rotation curves and profiles in {dir}/analysis/)"
                 );
             }
             ExitCode::SUCCESS
         }
         RunOutcome::AlreadyFinished { .. } => ExitCode::SUCCESS,
         RunOutcome::Interrupted { .. } => ExitCode::from(EXIT_STOPPED),
+    }
+}
+
+/// The figures a user checks first, from a finished run's `diagnostics.csv`.
+struct RunFigures {
+    /// Wall seconds over every row (a resumed run's earlier part included).
+    wall_s: f64,
+    /// Force evaluations, said in words.
+    evaluations: String,
+    /// Largest |ΔE/E| over the rows.
+    max_energy_error: f64,
+}
+
+impl RunFigures {
+    fn read(path: &std::path::Path, steps: u64) -> Option<Self> {
+        let text = leapfmm::io::read_regular_text(path).ok()?;
+        let mut lines = text.lines();
+        let names: Vec<&str> = lines.next()?.split(',').collect();
+        let col = |name: &str| names.iter().position(|n| *n == name);
+        let rows: Vec<Vec<f64>> = lines
+            .map(|l| {
+                l.split(',')
+                    .map(|v| v.parse().unwrap_or(f64::NAN))
+                    .collect()
+            })
+            .collect();
+        let sum = |k: usize| rows.iter().filter_map(|r| r.get(k)).sum::<f64>();
+        let (wall, energy) = (col("wall_total")?, col("rel_energy_error")?);
+        let evaluations = match col("force_evaluations") {
+            Some(k) => format!("{:.3e} particle force evaluations (block steps)", sum(k)),
+            // One evaluation of every particle per step, and one at the start.
+            None => format!("{} force evaluations", steps + 1),
+        };
+        Some(RunFigures {
+            wall_s: sum(wall),
+            evaluations,
+            max_energy_error: rows
+                .iter()
+                .filter_map(|r| r.get(energy))
+                .fold(0.0, |m: f64, e| m.max(e.abs())),
+        })
     }
 }

@@ -1,5 +1,6 @@
 //! Conserved quantities and the per-step diagnostics log (`diagnostics.csv`).
 
+use crate::format::csv_number;
 use crate::particles::Particles;
 use crate::sum::sum_indexed;
 use std::fs::File;
@@ -171,10 +172,7 @@ impl DiagnosticsLog {
         } else {
             0.0
         };
-        write!(
-            self.out,
-            "{},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{:e},{},{:.6},{:.6},{:.6},{:.6},{:.6}",
-            r.step,
+        let numbers = [
             r.time,
             r.dt,
             c.kinetic,
@@ -191,6 +189,14 @@ impl DiagnosticsLog {
             c.com[1],
             c.com[2],
             c.virial_ratio(),
+        ];
+        write!(self.out, "{}", r.step)?;
+        for x in numbers {
+            write!(self.out, ",{}", csv_number(x))?;
+        }
+        write!(
+            self.out,
+            ",{},{:.6},{:.6},{:.6},{:.6},{:.6}",
             r.interactions,
             r.wall.force,
             r.wall.integrate,
@@ -198,8 +204,8 @@ impl DiagnosticsLog {
             r.wall.io,
             r.wall.total()
         )?;
-        for v in r.solver {
-            write!(self.out, ",{v}")?;
+        for &v in r.solver {
+            write!(self.out, ",{}", csv_number(v))?;
         }
         writeln!(self.out)?;
         self.out.flush()
@@ -253,9 +259,9 @@ impl RankLog {
     /// Appends one row per rank (`values[r]` are rank r's figures) and flushes.
     pub fn append(&mut self, step: u64, time: f64, values: &[Vec<f64>]) -> std::io::Result<()> {
         for (rank, row) in values.iter().enumerate() {
-            write!(self.out, "{step},{time:e},{rank}")?;
-            for v in row {
-                write!(self.out, ",{v}")?;
+            write!(self.out, "{step},{},{rank}", csv_number(time))?;
+            for &v in row {
+                write!(self.out, ",{}", csv_number(v))?;
             }
             writeln!(self.out)?;
         }
