@@ -513,7 +513,7 @@ impl RunSpec {
     /// proving the output folder is writable.
     pub fn load(path: &Path) -> Result<Self, ConfigError> {
         let source = SourceText::read(path)?;
-        let config: RunConfig = source.parse()?;
+        let config = parse_run_config(&source)?;
         Self::validate(source, config)
     }
 
@@ -523,7 +523,7 @@ impl RunSpec {
         validate_name(s, &config.name)?;
         let ics = validate_ics(s, &config)?;
         validate_gravity(s, &config.gravity)?;
-        validate_integrator(s, &config.integrator)?;
+        validate_integrator(s, &config.integrator, config.units)?;
         validate_output(s, &config)?;
         let run_dir = config.output_dir.join(&config.name);
         check_writable(s, &config.output_dir)?;
@@ -534,6 +534,103 @@ impl RunSpec {
             run_dir,
         })
     }
+}
+
+/// Keys whose value may be a time with a unit (`"300 Myr"`) instead of a number in the run's
+/// time unit.
+pub const TIME_KEYS: [(&str, &str); 4] = [
+    ("integrator", "t_end"),
+    ("integrator", "dt_max"),
+    ("output", "snapshot_interval"),
+    ("output", "checkpoint_interval"),
+];
+
+/// Seconds in one of the time units a config may name (Julian years).
+fn seconds_per(unit: &str) -> Option<f64> {
+    const YEAR_S: f64 = 3.15576e7;
+    match unit {
+        "yr" => Some(YEAR_S),
+        "kyr" => Some(1e3 * YEAR_S),
+        "Myr" => Some(1e6 * YEAR_S),
+        "Gyr" => Some(1e9 * YEAR_S),
+        _ => None,
+    }
+}
+
+/// A time with a unit (`"300 Myr"`) in the time unit of `units`, or why not.
+fn time_in_run_units(text: &str, units: UnitSystem) -> Result<f64, String> {
+    let mut words = text.split_whitespace();
+    let (Some(number), Some(unit), None) = (words.next(), words.next(), words.next()) else {
+        return Err("give a number in the run's time unit, or a number and a unit: \"300 Myr\" (yr, kyr, Myr, Gyr)".into());
+    };
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("{number:?} is not a number"))?;
+    let per = seconds_per(unit)
+        .ok_or_else(|| format!("unknown time unit {unit:?}: use yr, kyr, Myr or Gyr"))?;
+    let time_s = units.cgs().map(|u| u.time_s()).ok_or_else(|| {
+        "a time with a unit needs physical units (units = \"galactic\"); N-body time is a bare number".to_string()
+    })?;
+    Ok(value * per / time_s)
+}
+
+/// The whole multiples of `step` on either side of `value`, in the run's unit and (physical
+/// units) in Myr: what a refused time could be instead.
+fn nearest_multiples(value: f64, step: f64, units: UnitSystem) -> String {
+    let below = ((value / step).floor() * step).max(step);
+    let above = below.max((value / step).ceil() * step);
+    let myr = |t: f64| {
+        units
+            .cgs()
+            .map(|u| format!(" ({:.6} Myr)", t * u.time_s() / 3.15576e13))
+            .map(|m| m.replace(".000000", ""))
+            .unwrap_or_default()
+    };
+    format!(
+        "the nearest are {}{} and {}{}",
+        short(below),
+        myr(below),
+        short(above),
+        myr(above)
+    )
+}
+
+/// Parses a run config's text. Times in `TIME_KEYS` may be written with a unit (`t_end =
+/// "300 Myr"`): they are turned into the run's time unit (galactic: kpc/(km/s) = 0.9778 Gyr)
+/// first; everything else is read as written. Errors name the file, line, key and value.
+pub fn parse_run_config(source: &SourceText) -> Result<RunConfig, ConfigError> {
+    let Ok(mut table) = toml::from_str::<toml::Table>(&source.text) else {
+        // Not even TOML: the typed parse says where.
+        return source.parse();
+    };
+    let units = match table.get("units") {
+        Some(toml::Value::String(u)) if u == "nbody" => UnitSystem::Nbody,
+        _ => UnitSystem::Galactic,
+    };
+    let mut converted = false;
+    for (section, key) in TIME_KEYS {
+        let Some(toml::Value::Table(t)) = table.get_mut(section) else {
+            continue;
+        };
+        if let Some(toml::Value::String(text)) = t.get(key) {
+            let value = time_in_run_units(text, units).map_err(|reason| {
+                source.invalid(&format!("{section}.{key}"), format!("{text:?}"), reason)
+            })?;
+            t.insert(key.to_string(), toml::Value::Float(value));
+            converted = true;
+        }
+    }
+    if !converted {
+        return source.parse();
+    }
+    // Any other error is the typed parse's, located in the text as written.
+    source.parse::<toml::Table>()?;
+    RunConfig::deserialize(toml::Value::Table(table)).map_err(|e| ConfigError::Parse {
+        path: source.path.clone(),
+        location: location_of(&source.text, 0),
+        key: String::new(),
+        message: e.message().trim().replace('\n', " "),
+    })
 }
 
 fn validate_name(s: &SourceText, name: &str) -> Result<(), ConfigError> {
@@ -682,7 +779,11 @@ fn validate_gravity(s: &SourceText, g: &GravityConfig) -> Result<(), ConfigError
     Ok(())
 }
 
-fn validate_integrator(s: &SourceText, i: &IntegratorConfig) -> Result<(), ConfigError> {
+fn validate_integrator(
+    s: &SourceText,
+    i: &IntegratorConfig,
+    units: UnitSystem,
+) -> Result<(), ConfigError> {
     if !(i.t_end.is_finite() && i.t_end > 0.0) {
         return Err(s.invalid("integrator.t_end", i.t_end, "the end time must be positive"));
     }
@@ -720,8 +821,9 @@ fn validate_integrator(s: &SourceText, i: &IntegratorConfig) -> Result<(), Confi
             "integrator.t_end",
             i.t_end,
             format!(
-                "the end time must be a whole multiple of integrator.dt_max = {} so that it is hit exactly",
-                short(i.dt_max)
+                "the end time must be a whole multiple of integrator.dt_max = {} so that it is hit exactly; {}",
+                short(i.dt_max),
+                nearest_multiples(i.t_end, i.dt_max, units)
             ),
         ));
     }
@@ -761,7 +863,9 @@ fn validate_output(s: &SourceText, c: &RunConfig) -> Result<(), ConfigError> {
                     key,
                     v,
                     format!(
-                        "the interval must be a whole multiple of integrator.dt_max = {dt_max} so that output times are hit exactly"
+                        "the interval must be a whole multiple of integrator.dt_max = {} so that output times are hit exactly; {}",
+                        short(dt_max),
+                        nearest_multiples(v, dt_max, c.units)
                     ),
                 ));
             }

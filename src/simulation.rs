@@ -1038,7 +1038,12 @@ impl<'a> Simulation<'a> {
             self.step()?;
             let ti = self.state.ti;
             let finished = ti >= self.ti_end;
-            let at_snapshot = finished || self.snapshot_every.is_some_and(|s| ti.is_multiple_of(s));
+            // The last snapshot is at t_end; a regular one less than half an interval before
+            // it would be a near-duplicate (a spike in every time derivative), so it is left out.
+            let at_snapshot = finished
+                || self.snapshot_every.is_some_and(|s| {
+                    ti.is_multiple_of(s) && 2 * self.ti_end.saturating_sub(ti) >= s
+                });
             // Signals and the wall clock are seen per rank; the ranks act on them together.
             let local = [
                 f64::from(signals.received().unwrap_or(0)),
@@ -1614,7 +1619,7 @@ pub fn verify_checkpoint(loaded: &checkpoint::Loaded<Checkpoint>) -> Result<(), 
         }
     }
     let total: usize = loaded.payloads.iter().map(|p| p.particles.len()).sum();
-    let model_n = toml::from_str::<RunConfig>(&first.config_text)
+    let model_n = parse_stored_config(&first.config_text)
         .ok()
         .and_then(|c| c.ics.n.filter(|_| c.ics.model.is_some()));
     if let Some(n) = model_n
@@ -1632,6 +1637,14 @@ pub fn verify_checkpoint(loaded: &checkpoint::Loaded<Checkpoint>) -> Result<(), 
         return Err(format!("particle ID {} appears more than once", w[0]));
     }
     Ok(())
+}
+
+/// A config text stored in a checkpoint, parsed as `RunSpec::load` parses a file.
+pub fn parse_stored_config(text: &str) -> Result<RunConfig, ConfigError> {
+    crate::config::parse_run_config(&crate::config::SourceText {
+        path: PathBuf::from("(the checkpoint's config)"),
+        text: text.to_string(),
+    })
 }
 
 /// Whether the run may start or go on in its folder (rank 0): a folder with outputs needs
@@ -1702,11 +1715,10 @@ fn check_resumable(
     path: &Path,
     inputs_recorded: bool,
 ) -> Result<(), RunError> {
-    let saved: RunConfig = toml::from_str(&ckpt.config_text).map_err(|e| {
+    let saved = parse_stored_config(&ckpt.config_text).map_err(|e| {
         RunError::State(format!(
-            "{}: the config stored in this checkpoint no longer parses ({}); resume with the leapfmm version that wrote it ({})",
+            "{}: the config stored in this checkpoint no longer parses ({e}); resume with the leapfmm version that wrote it ({})",
             path.display(),
-            e.message(),
             ckpt.version
         ))
     })?;

@@ -96,3 +96,72 @@ fn counts_on_the_command_line_work_as_their_help_says() {
     let out = run_in(d, &["run", "x.toml", "--ranks", "-2"]);
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `Header/Time` of every snapshot of a run, in order.
+fn snapshot_times(dir: &std::path::Path) -> Vec<f64> {
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    names.sort();
+    let _hdf5 = hdf5_lock();
+    names
+        .iter()
+        .map(|p| leapfmm::io::snapshot::read_snapshot(p).unwrap().time)
+        .collect()
+}
+
+#[test]
+fn times_in_myr_and_a_last_snapshot_without_a_near_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    // 7 Myr in steps of 1 Myr, snapshots every 3 Myr: at 0, 3 and 7 Myr (6 Myr would sit
+    // 1 Myr before the last one at t_end, less than half an interval).
+    let config = format!(
+        r#"name = "myr"
+units = "galactic"
+[ics]
+model = "{}"
+n = 500
+[gravity]
+softening = 0.05
+[integrator]
+t_end = "7 Myr"
+dt_max = "1 Myr"
+fixed_step = true
+[output]
+snapshot_interval = "3 Myr"
+"#,
+        repo("ics/small_disk.toml").display()
+    );
+    write(d, "myr.toml", &config);
+    let out = run_in(d, &["run", "myr.toml", "--quiet"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let myr = 1e6 * 3.15576e7 / (3.085_677_581_491_367e21 / 1e5);
+    let times = snapshot_times(&d.join("runs/myr/snapshots"));
+    let expected = [0.0, 3.0 * myr, 7.0 * myr];
+    assert_eq!(times.len(), 3, "{times:?}");
+    for (t, e) in times.iter().zip(expected) {
+        assert!(
+            (t - e).abs() <= 1e-12 * e.max(1.0),
+            "{times:?} vs {expected:?}"
+        );
+    }
+    // A time that is not a whole number of steps is refused with the nearest valid ones.
+    write(d, "off.toml", &config.replace("\"7 Myr\"", "\"7.5 Myr\""));
+    let out = run_in(d, &["run", "off.toml", "--quiet"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("(7 Myr) and") && err.contains("(8 Myr)"),
+        "{err}"
+    );
+    // A unit it does not know is a one-line error.
+    write(d, "pc.toml", &config.replace("\"7 Myr\"", "\"7 parsec\""));
+    let err = String::from_utf8_lossy(&run_in(d, &["run", "pc.toml"]).stderr).to_string();
+    assert!(err.contains("unknown time unit \"parsec\""), "{err}");
+}

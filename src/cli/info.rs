@@ -3,7 +3,6 @@
 
 use anyhow::{Context, Result, bail};
 use clap::Args;
-use leapfmm::config::RunConfig;
 use leapfmm::io::checkpoint;
 use leapfmm::io::snapshot::read_snapshot;
 use leapfmm::particles::{Component, Particles};
@@ -194,7 +193,7 @@ fn format_values(v: &[f64]) -> String {
 /// The units of a checkpoint's run, from the config it stores.
 fn shown_of(config_text: &str) -> Shown {
     Shown(
-        toml::from_str::<RunConfig>(config_text)
+        leapfmm::simulation::parse_stored_config(config_text)
             .ok()
             .and_then(|c| c.units.cgs()),
     )
