@@ -10,7 +10,7 @@
 //! a key path that is not in the schema stops the campaign; a value that one run's checks
 //! reject marks that run invalid and the others go ahead.
 
-use crate::config::{ConfigError, RunSpec, SourceText};
+use crate::config::{ConfigError, RunSpec, SourceText, location_of};
 use crate::ics::ModelFile;
 use crate::progress::CampaignProgress as Progress;
 use crate::simulation::{self, RunOptions, RunOutcome};
@@ -143,9 +143,19 @@ impl Campaign {
             }
             named.push((run_name, params));
         }
+        let existed = dir.exists();
         let mut runs = Vec::new();
         for (run_name, params) in named {
-            runs.push(plan_run(path, &file.base, &dir, run_name, params)?);
+            match plan_run(&source, &file.base, &dir, run_name, params) {
+                Ok(run) => runs.push(run),
+                Err(e) => {
+                    // A refused campaign leaves no folder behind (one it made itself).
+                    if !existed {
+                        let _ = std::fs::remove_dir_all(&dir);
+                    }
+                    return Err(e);
+                }
+            }
         }
         Ok(Campaign {
             name,
@@ -338,14 +348,14 @@ fn write_toml(path: &Path, table: &Table) -> Result<(), CampaignError> {
 
 /// Writes one run's config (and model) and validates it.
 fn plan_run(
-    campaign: &Path,
+    source: &SourceText,
     base: &Table,
     dir: &Path,
     name: String,
     params: Vec<(String, Value)>,
 ) -> Result<PlannedRun, CampaignError> {
     let invalid = |message: String| CampaignError::Invalid {
-        path: campaign.to_path_buf(),
+        path: source.path.clone(),
         message,
     };
     let mut config = base.clone();
@@ -392,7 +402,25 @@ fn plan_run(
     write_toml(&config_path, &config)?;
     let check = |e: ConfigError| -> Result<String, CampaignError> {
         if unknown_key(&e) {
-            Err(invalid(format!("a key path is not in the schema: {e}")))
+            // Cite the campaign's own line for the key path that names the unknown field
+            // (the generated file is not the user's).
+            let message = e.to_string();
+            let unknown = message
+                .split("unknown field `")
+                .nth(1)
+                .and_then(|rest| rest.split('`').next());
+            let cited = params.iter().find_map(|(key, _)| {
+                (key.rsplit('.').next() == unknown).then_some(key)?;
+                let at = source.text.find(key.as_str())?;
+                Some((key, location_of(&source.text, at)))
+            });
+            Err(match cited {
+                Some((key, at)) => CampaignError::Invalid {
+                    path: PathBuf::from(format!("{}:{at}", source.path.display())),
+                    message: format!("key path \"{key}\" is not in the schema ({e})"),
+                },
+                None => invalid(format!("a key path is not in the schema: {e}")),
+            })
         } else {
             Ok(e.to_string())
         }

@@ -140,7 +140,7 @@ impl SourceText {
 }
 
 /// Line and column of a byte offset.
-fn location_of(text: &str, offset: usize) -> Location {
+pub fn location_of(text: &str, offset: usize) -> Location {
     let offset = offset.min(text.len());
     let before = &text[..offset];
     let line = before.matches('\n').count() + 1;

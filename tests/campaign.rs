@@ -146,26 +146,30 @@ fn a_campaign_skips_finished_runs_resumes_killed_ones_and_isolates_a_bad_value()
 
 #[test]
 fn a_bad_key_path_stops_the_campaign_before_any_run() {
-    let dir = tempfile::tempdir().unwrap();
-    let text =
-        campaign_text("[sweep]\n\"gravity.softening\" = [0.05, 0.1]\n\"gravity.thetaa\" = [0.5]\n");
-    let file = write(dir.path(), "camp.toml", &text);
-    let out = run_in(dir.path(), &["run", file.to_str().unwrap(), "--quiet"]);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(1), "{stderr}");
-    assert!(
-        stderr.contains("gravity.thetaa") && stderr.contains("not in the schema"),
-        "{stderr}"
-    );
-    let made: Vec<String> = std::fs::read_dir(dir.path().join("runs/camp"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    assert!(
-        made.iter().all(|n| n == "configs" || n == "models"),
-        "a run started: {made:?}"
-    );
+    // A config key and a key of the generated model file: each is cited at the campaign
+    // file's own line, and the refused campaign leaves no folder.
+    for bad in ["gravity.thetaa", "ics.sphere.scale_radiuss"] {
+        let dir = tempfile::tempdir().unwrap();
+        let text = campaign_text(&format!(
+            "[sweep]\n\"gravity.softening\" = [0.05, 0.1]\n\"{bad}\" = [0.5]\n"
+        ));
+        let line = text.lines().position(|l| l.contains(bad)).unwrap() + 1;
+        let file = write(dir.path(), "camp.toml", &text);
+        let out = run_in(dir.path(), &["run", file.to_str().unwrap(), "--quiet"]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{stderr}");
+        assert!(
+            stderr.contains(bad)
+                && stderr.contains("not in the schema")
+                && stderr.contains(&format!("camp.toml:{line}:")),
+            "{stderr}"
+        );
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(
+            !dir.path().join("runs/camp").exists(),
+            "a refused campaign left its folder"
+        );
+    }
 }
 
 #[test]
