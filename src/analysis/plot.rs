@@ -51,6 +51,21 @@ fn fail(path: &Path, e: impl std::fmt::Display) -> PlotError {
 }
 
 /// [lo, hi] of `values` with 5% padding (a unit-wide range around a single value).
+/// A tick label: at most three decimals and no trailing zeros (`20`, `0.25`, `-1.5`), the
+/// exponent form only for very large or small values.
+fn tick(v: f64) -> String {
+    if v != 0.0 && !(1e-3..1e6).contains(&v.abs()) {
+        return format!("{v:.1e}");
+    }
+    let text = format!("{v:.3}");
+    let text = text.trim_end_matches('0').trim_end_matches('.');
+    if text == "-0" {
+        "0".into()
+    } else {
+        text.into()
+    }
+}
+
 fn padded_range(values: impl Iterator<Item = f64>) -> (f64, f64) {
     let (lo, hi) = values
         .filter(|v| v.is_finite())
@@ -79,6 +94,8 @@ pub fn line_chart(
     let points = || series.iter().flat_map(|s| s.points.iter());
     let x = padded_range(points().map(|p| p.0));
     let y = padded_range(points().map(|p| p.1));
+    // Headroom above the data for the legend (upper right), one row per series.
+    let y = (y.0, y.1 + (0.08 * series.len() as f64 + 0.04) * (y.1 - y.0));
     let root = BitMapBackend::new(path, CHART_SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(path, e))?;
     let mut chart = ChartBuilder::on(&root)
@@ -92,6 +109,8 @@ pub fn line_chart(
         .configure_mesh()
         .x_desc(x_label)
         .y_desc(y_label)
+        .x_label_formatter(&|v| tick(*v))
+        .y_label_formatter(&|v| tick(*v))
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 18))
         .draw()
@@ -157,6 +176,8 @@ pub fn map_image(
         .disable_mesh()
         .x_desc(x_label)
         .y_desc(y_label)
+        .x_label_formatter(&|v| tick(*v))
+        .y_label_formatter(&|v| tick(*v))
         .label_style(("sans-serif", 15))
         .axis_desc_style(("sans-serif", 18))
         .draw()
@@ -188,6 +209,7 @@ pub fn map_image(
         .disable_mesh()
         .disable_x_axis()
         .y_desc(bar_label)
+        .y_label_formatter(&|v| tick(*v))
         .label_style(("sans-serif", 14))
         .axis_desc_style(("sans-serif", 16))
         .draw()
@@ -201,4 +223,19 @@ pub fn map_image(
     }))
     .map_err(|e| fail(path, e))?;
     root.present().map_err(|e| fail(path, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tick;
+
+    #[test]
+    fn tick_labels_have_no_spurious_decimals() {
+        assert_eq!(tick(20.0), "20");
+        assert_eq!(tick(0.25), "0.25");
+        assert_eq!(tick(-1.5), "-1.5");
+        assert_eq!(tick(-0.0001), "-1.0e-4");
+        assert_eq!(tick(0.0), "0");
+        assert_eq!(tick(2.0e7), "2.0e7");
+    }
 }

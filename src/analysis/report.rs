@@ -101,6 +101,11 @@ pub fn find_snapshots(input: &Path) -> Result<Vec<PathBuf>, AnalyzeError> {
     Ok(found)
 }
 
+/// Mean A2 of `n` particles at random azimuths: √π / (2√n).
+fn a2_noise(n: usize) -> f64 {
+    0.5 * std::f64::consts::PI.sqrt() / (n.max(1) as f64).sqrt()
+}
+
 /// Axis labels and conversions of a snapshot's units.
 #[derive(Debug, Clone, Copy)]
 struct Units {
@@ -402,6 +407,8 @@ struct Evolution {
     angle: Vec<f64>,
     sigma_z: Vec<f64>,
     scale_height: Vec<f64>,
+    /// Disk particles in the first snapshot (the A2 noise level is ~0.89/√N).
+    disk_particles: usize,
     /// Per component present in the first snapshot: 10/50/90% radii per snapshot.
     lagrangian: Vec<(Component, Vec<[f64; 3]>)>,
 }
@@ -418,6 +425,7 @@ impl Evolution {
         self.sigma_z.push(ring.sigma_z);
         self.scale_height.push(ring.scale_height);
         if self.lagrangian.is_empty() {
+            self.disk_particles = p.component.iter().filter(|&&c| c == disk).count();
             self.lagrangian = Component::ALL
                 .iter()
                 .filter(|c| p.component.contains(c))
@@ -470,15 +478,28 @@ impl Evolution {
                 "bar",
                 "Bar amplitude A2 of the disk".to_string(),
                 "A2".to_string(),
-                vec![Series {
-                    name: "A2".into(),
-                    points: along(&self.a2),
-                }],
+                vec![
+                    Series {
+                        name: "A2".into(),
+                        points: along(&self.a2),
+                    },
+                    Series {
+                        // |Σ e^{2iφ}|/N of N random phases averages √π/(2√N): below
+                        // about twice this line A2 is particle noise, not a bar.
+                        name: format!("noise of {} random particles", self.disk_particles),
+                        points: along(&vec![a2_noise(self.disk_particles); t.len()]),
+                    },
+                ],
             ),
             (
                 "pattern_speed",
-                "Bar pattern speed (between snapshots)".to_string(),
-                "Ω_p [rad / time unit]".to_string(),
+                "Bar pattern speed (between snapshots; noise where A2 is)".to_string(),
+                // A radian per kpc/(km/s) is a km/s/kpc.
+                if units.galactic {
+                    "Ω_p [km/s/kpc]".to_string()
+                } else {
+                    "Ω_p [rad / time unit]".to_string()
+                },
                 vec![Series {
                     name: "Ω_p".into(),
                     points: t[1..].iter().copied().zip(speeds.iter().copied()).collect(),
