@@ -344,7 +344,7 @@ fn one_snapshot(
     let vel = units.velocity();
     let charts: Vec<(&str, String, String, Vec<Series>)> = vec![
         (
-            "sigma",
+            "surface_density_profile",
             format!("{disk:?} surface density, {when}"),
             units.surface_density().into(),
             vec![series("Σ(R)", &|r| r.disk.surface_density.log10())],
@@ -374,7 +374,7 @@ fn one_snapshot(
             },
         ),
         (
-            "dispersion",
+            "velocity_dispersion",
             format!("{disk:?} velocity dispersions, {when}"),
             format!("σ [{vel}]"),
             vec![
