@@ -20,7 +20,17 @@ pub fn create_checksummed(path: &std::path::Path) -> hdf5::Result<hdf5::File> {
                 hdf5::file::LibraryVersion::V110,
             )
         })
+        // No modification times in the object headers: the same data gives the same bytes.
+        .with_fcpl(|p| p.obj_track_times(false))
         .create(path)
+}
+
+/// Creates a group without modification times (the same data gives the same bytes).
+pub fn create_group(parent: &Group, name: &str) -> hdf5::Result<Group> {
+    parent
+        .create_group_builder()
+        .obj_track_times(false)
+        .create(name)
 }
 
 /// Writes a dataset in chunks of ~1 MiB, each with HDF5's Fletcher32 checksum, so damage to

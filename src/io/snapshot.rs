@@ -2,8 +2,8 @@
 //! unchanged; and a reader for GADGET-format files written by other codes.
 
 use super::hdf5_util::{
-    create_checksummed, damage, read_f64, read_f64_array, read_i64_array, read_string,
-    vectors_to_array, write_array, write_dataset, write_scalar, write_string,
+    create_checksummed, create_group, damage, read_f64, read_f64_array, read_i64_array,
+    read_string, vectors_to_array, write_array, write_dataset, write_scalar, write_string,
 };
 use crate::config::Precision;
 use crate::format::short;
@@ -147,7 +147,7 @@ fn write_file(path: &Path, particles: &Particles, info: &SnapshotInfo) -> hdf5::
     let high: Vec<u32> = total.iter().map(|&t| (t >> 32) as u32).collect();
     let double = info.precision == Precision::Double;
 
-    let header = file.create_group("Header")?;
+    let header = create_group(&file, "Header")?;
     write_array(&header, "NumPart_ThisFile", &counts)?;
     write_array(&header, "NumPart_Total", &total_low)?;
     write_array(&header, "NumPart_Total_HighWord", &high)?;
@@ -177,7 +177,7 @@ fn write_file(path: &Path, particles: &Particles, info: &SnapshotInfo) -> hdf5::
         if idx.is_empty() {
             continue;
         }
-        let g = file.create_group(&format!("PartType{pt}"))?;
+        let g = create_group(&file, &format!("PartType{pt}"))?;
         let pick3 = |v: &[[f64; 3]]| idx.iter().map(|&i| v[i]).collect::<Vec<_>>();
         let pick1 = |v: &[f64]| Array1::from_iter(idx.iter().map(|&i| v[i]));
         let vectors = [
@@ -212,7 +212,7 @@ fn write_file(path: &Path, particles: &Particles, info: &SnapshotInfo) -> hdf5::
 
 /// SWIFT-style `/Units` group of cgs conversion factors (all 1 for N-body units).
 fn write_units(file: &hdf5::File, units: UnitSystem) -> hdf5::Result<()> {
-    let g = file.create_group("Units")?;
+    let g = create_group(file, "Units")?;
     let c = units.cgs().unwrap_or(CgsUnits {
         length_cm: 1.0,
         mass_g: 1.0,
@@ -238,7 +238,7 @@ const SECONDS_PER_GYR: f64 = 3.15576e16;
 /// `/Parameters`: GADGET-4 unit parameters (read by yt) plus every key of the run config
 /// and its full text.
 fn write_parameters(file: &hdf5::File, info: &SnapshotInfo) -> hdf5::Result<()> {
-    let g = file.create_group("Parameters")?;
+    let g = create_group(file, "Parameters")?;
     if let Some(c) = info.units.cgs() {
         write_scalar(&g, "UnitLength_in_cm", c.length_cm)?;
         write_scalar(&g, "UnitMass_in_g", c.mass_g)?;
