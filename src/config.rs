@@ -547,12 +547,11 @@ pub const TIME_KEYS: [(&str, &str); 4] = [
 
 /// Seconds in one of the time units a config may name (Julian years).
 fn seconds_per(unit: &str) -> Option<f64> {
-    const YEAR_S: f64 = 3.15576e7;
     match unit {
-        "yr" => Some(YEAR_S),
-        "kyr" => Some(1e3 * YEAR_S),
-        "Myr" => Some(1e6 * YEAR_S),
-        "Gyr" => Some(1e9 * YEAR_S),
+        "yr" => Some(crate::units::YEAR_S),
+        "kyr" => Some(1e3 * crate::units::YEAR_S),
+        "Myr" => Some(crate::units::MYR_S),
+        "Gyr" => Some(crate::units::GYR_S),
         _ => None,
     }
 }
@@ -582,7 +581,7 @@ fn nearest_multiples(value: f64, step: f64, units: UnitSystem) -> String {
     let myr = |t: f64| {
         units
             .cgs()
-            .map(|u| format!(" ({:.6} Myr)", t * u.time_s() / 3.15576e13))
+            .map(|u| format!(" ({:.6} Myr)", t * u.time_s() / crate::units::MYR_S))
             .map(|m| m.replace(".000000", ""))
             .unwrap_or_default()
     };

@@ -11,8 +11,12 @@ pub const KPC_CM: f64 = 3.085_677_581_491_367e21;
 pub const MSUN_G: f64 = 1.988_409_870_698_051e33;
 /// Kilometre per second in cm/s.
 const KMS_CMS: f64 = 1.0e5;
-/// Seconds per gigayear (Julian years).
-const GYR_S: f64 = 3.155_76e16;
+/// Seconds per Julian year (as pynbody and astropy count years).
+pub const YEAR_S: f64 = 3.155_76e7;
+/// Seconds per megayear.
+pub const MYR_S: f64 = 3.155_76e13;
+/// Seconds per gigayear.
+pub const GYR_S: f64 = 3.155_76e16;
 
 /// The unit system a run (and its files) are expressed in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]

@@ -123,7 +123,7 @@ impl Units {
                     && (u.velocity_cm_per_s / 1e5 - 1.0).abs() < 1e-3;
                 Units {
                     g: u.gravitational_constant(),
-                    myr: Some(u.time_s() / 3.155_76e13),
+                    myr: Some(u.time_s() / crate::units::MYR_S),
                     galactic,
                 }
             }

@@ -7,7 +7,7 @@ use leapfmm::io::checkpoint;
 use leapfmm::io::snapshot::read_snapshot;
 use leapfmm::particles::{Component, Particles};
 use leapfmm::simulation::{Checkpoint, verify_checkpoint};
-use leapfmm::units::{CgsUnits, KPC_CM, MSUN_G};
+use leapfmm::units::{CgsUnits, KPC_CM, MSUN_G, MYR_S};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -231,9 +231,6 @@ impl Shown {
         }
     }
 }
-
-/// Seconds in a megayear (Julian years).
-const MYR_S: f64 = 3.15576e13;
 
 /// `x` to 5 significant figures, without an exponent where it reads well.
 fn short_figures(x: f64) -> String {

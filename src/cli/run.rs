@@ -148,7 +148,10 @@ fn exit_code(spec: &RunSpec, outcome: RunOutcome, quiet: bool) -> ExitCode {
             if !quiet {
                 let dir = spec.run_dir.display();
                 let when = match spec.config.units.cgs() {
-                    Some(u) => format!("{time} ({:.1} Myr)", time * u.time_s() / 3.15576e13),
+                    Some(u) => format!(
+                        "{time} ({:.1} Myr)",
+                        time * u.time_s() / leapfmm::units::MYR_S
+                    ),
                     None => time.to_string(),
                 };
                 leapfmm::tell!(

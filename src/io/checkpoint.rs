@@ -195,17 +195,13 @@ pub struct SetSummary {
     pub files: Vec<([u8; 32], u64)>,
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 impl Manifest {
     /// The manifest's checksum: SHA-256 of its JSON text with an empty `checksum`.
     fn digest(&self) -> String {
         let mut blank = self.clone();
         blank.checksum.clear();
         let text = serde_json::to_vec(&blank).unwrap_or_default();
-        hex(&Sha256::digest(&text))
+        super::hex(&Sha256::digest(&text))
     }
 
     /// Parses a manifest and checks it against its own checksum and for consistency.
@@ -411,7 +407,7 @@ pub fn commit_set(
             .enumerate()
             .map(|(r, (digest, particles))| RankEntry {
                 name: rank_file_name(r),
-                sha256: hex(digest),
+                sha256: super::hex(digest),
                 particles: *particles,
             })
             .collect(),
@@ -538,7 +534,7 @@ pub fn read_entry<T: DeserializeOwned>(entry: &Entry) -> Result<Loaded<T>, Check
                     )));
                 }
                 let bytes = super::read_regular(&path).map_err(io_err(&path, "reading"))?;
-                if hex(&Sha256::digest(&bytes)) != listed.sha256 {
+                if super::hex(&Sha256::digest(&bytes)) != listed.sha256 {
                     return Err(invalid(format!(
                         "{} is not the file the manifest committed (its SHA-256 differs)",
                         path.display()
@@ -805,7 +801,7 @@ mod tests {
             found.rejected[0].1
         );
         let mut m = Manifest::parse(&text).unwrap();
-        m.files[1].sha256 = hex(&Sha256::digest(fs::read(rank_file(d, 10, 1)).unwrap()));
+        m.files[1].sha256 = crate::io::hex(&Sha256::digest(fs::read(rank_file(d, 10, 1)).unwrap()));
         m.checksum = m.digest();
         fs::write(&manifest, serde_json::to_string(&m).unwrap()).unwrap();
         let found = newest(d);

@@ -222,10 +222,5 @@ fn sha256_of(path: &Path) -> Result<(String, u64), InputsError> {
         hasher.update(&buffer[..got]);
         bytes += got as u64;
     }
-    let hex = hasher
-        .finalize()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    Ok((hex, bytes))
+    Ok((super::hex(&hasher.finalize()), bytes))
 }

@@ -36,6 +36,11 @@ pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Lower-case hex of a digest.
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// `read_regular` as UTF-8 text.
 pub fn read_regular_text(path: &Path) -> std::io::Result<String> {
     String::from_utf8(read_regular(path)?)

@@ -232,9 +232,6 @@ fn write_units(file: &hdf5::File, units: UnitSystem) -> hdf5::Result<()> {
     write_string(&g, "UnitSystem", units.name())
 }
 
-/// Seconds in a gigayear (Julian years, as pynbody and astropy count them).
-const SECONDS_PER_GYR: f64 = 3.15576e16;
-
 /// `/Parameters`: GADGET-4 unit parameters (read by yt) plus every key of the run config
 /// and its full text.
 fn write_parameters(file: &hdf5::File, info: &SnapshotInfo) -> hdf5::Result<()> {
@@ -254,7 +251,7 @@ fn write_parameters(file: &hdf5::File, info: &SnapshotInfo) -> hdf5::Result<()> 
     // pynbody reads a non-cosmological snapshot's time only from Time_GYR (otherwise it
     // computes the age of a default universe). N-body units count seconds (factor 1).
     let time_s = info.units.cgs().map_or(1.0, |c| c.time_s());
-    write_scalar(&g, "Time_GYR", info.time * time_s / SECONDS_PER_GYR)?;
+    write_scalar(&g, "Time_GYR", info.time * time_s / crate::units::GYR_S)?;
     if let Some(eps) = info.softening {
         // GADGET-4's form: one softening class per particle type (class t for type t).
         for c in Component::ALL {
