@@ -4,7 +4,7 @@
 
 mod common;
 
-use leapfmm::analysis::plot::{CHART_SIZE, MAP_SIZE};
+use leapfmm::analysis::plot::{CHART_SIZE, EDGE_ON_SIZE, MAP_SIZE};
 use leapfmm::analysis::profiles::{annulus, disk_profile};
 use leapfmm::analysis::report::{Options, analyze};
 use leapfmm::config::Precision;
@@ -166,8 +166,10 @@ fn rotating_bar_amplitude_pattern_speed_and_plots() {
     for f in pngs {
         let (size, pixels) = png_pixels(f);
         let name = f.file_name().unwrap().to_string_lossy();
-        let expected = if name.starts_with("faceon") || name.starts_with("edgeon") {
+        let expected = if name.starts_with("faceon") {
             MAP_SIZE
+        } else if name.starts_with("edgeon") {
+            EDGE_ON_SIZE
         } else {
             CHART_SIZE
         };

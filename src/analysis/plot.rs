@@ -18,8 +18,10 @@ pub struct PlotError {
 
 /// Size of line charts in pixels.
 pub const CHART_SIZE: (u32, u32) = (800, 600);
-/// Size of map images in pixels (the map and its colour bar).
+/// Size of face-on map images in pixels (the map and its colour bar).
 pub const MAP_SIZE: (u32, u32) = (760, 640);
+/// Size of edge-on map images in pixels: a wide strip, the vertical axis on its own scale.
+pub const EDGE_ON_SIZE: (u32, u32) = (760, 400);
 
 /// One named curve of a line chart.
 #[derive(Debug, Clone)]
@@ -117,19 +119,34 @@ pub fn line_chart(
         .map_err(|e| fail(path, e))?;
     for (k, s) in series.iter().enumerate() {
         let colour = Palette99::pick(k).to_rgba();
-        let pts: Vec<(f64, f64)> = s
+        // A non-finite point is a gap (say, a pattern speed not measured there): the line
+        // breaks at it, and a point alone between gaps is drawn as a dot.
+        let finite = |p: &(f64, f64)| p.0.is_finite() && p.1.is_finite();
+        let segments: Vec<&[(f64, f64)]> = s
             .points
-            .iter()
-            .copied()
-            .filter(|p| p.0.is_finite() && p.1.is_finite())
+            .split(|p| !finite(p))
+            .filter(|seg| !seg.is_empty())
             .collect();
+        let first = segments.first().map(|seg| seg.to_vec()).unwrap_or_default();
         chart
-            .draw_series(LineSeries::new(pts, colour.stroke_width(2)))
+            .draw_series(LineSeries::new(first, colour.stroke_width(2)))
             .map_err(|e| fail(path, e))?
             .label(s.name.as_str())
             .legend(move |(x, y)| {
                 PathElement::new(vec![(x, y), (x + 24, y)], colour.stroke_width(2))
             });
+        for seg in segments.iter().skip(1) {
+            chart
+                .draw_series(LineSeries::new(seg.to_vec(), colour.stroke_width(2)))
+                .map_err(|e| fail(path, e))?;
+        }
+        let alone = segments
+            .iter()
+            .filter(|seg| seg.len() == 1)
+            .map(|seg| seg[0]);
+        chart
+            .draw_series(alone.map(|p| Circle::new(p, 3, colour.filled())))
+            .map_err(|e| fail(path, e))?;
     }
     chart
         .configure_series_labels()
@@ -142,9 +159,11 @@ pub fn line_chart(
     root.present().map_err(|e| fail(path, e))
 }
 
-/// Writes `map` as an image on a log scale with a colour bar, physical axes and a title.
+/// Writes `map` as a `size` image on a log scale with a colour bar, physical axes and a
+/// title.
 pub fn map_image(
     path: &Path,
+    size: (u32, u32),
     title: &str,
     map: &Map,
     x_label: &str,
@@ -160,16 +179,16 @@ pub fn map_image(
     let (mut lo, hi) = padded_range(logs.iter().copied());
     // Four decades below the peak are enough to see a disk's structure.
     lo = lo.max(hi - 4.0);
-    let root = BitMapBackend::new(path, MAP_SIZE).into_drawing_area();
+    let root = BitMapBackend::new(path, size).into_drawing_area();
     root.fill(&WHITE).map_err(|e| fail(path, e))?;
-    let (left, right) = root.split_horizontally(MAP_SIZE.0 - 130);
-    let w = map.half_width;
+    let (left, right) = root.split_horizontally(size.0 - 130);
+    let (w, h) = (map.frame.half_width, map.frame.half_height);
     let mut chart = ChartBuilder::on(&left)
         .caption(title, ("sans-serif", 22))
         .margin(16)
         .x_label_area_size(48)
         .y_label_area_size(64)
-        .build_cartesian_2d(-w..w, -w..w)
+        .build_cartesian_2d(-w..w, -h..h)
         .map_err(|e| fail(path, e))?;
     chart
         .configure_mesh()
@@ -182,20 +201,20 @@ pub fn map_image(
         .axis_desc_style(("sans-serif", 18))
         .draw()
         .map_err(|e| fail(path, e))?;
-    let n = map.pixels;
-    let cell = 2.0 * w / n as f64;
+    let (columns, rows) = (map.frame.columns, map.frame.rows);
+    let (dx, dy) = (2.0 * w / columns as f64, 2.0 * h / rows as f64);
     let background = ViridisRGB::get_color_normalized(lo, lo, hi);
     chart
-        .draw_series((0..n * n).map(|k| {
-            let (i, j) = (k % n, k / n);
-            let (x0, y0) = (-w + i as f64 * cell, -w + j as f64 * cell);
+        .draw_series((0..columns * rows).map(|k| {
+            let (i, j) = (k % columns, k / columns);
+            let (x0, y0) = (-w + i as f64 * dx, -h + j as f64 * dy);
             let v = logs[k];
             let colour = if v.is_finite() {
                 ViridisRGB::get_color_normalized(v.max(lo), lo, hi)
             } else {
                 background
             };
-            Rectangle::new([(x0, y0), (x0 + cell, y0 + cell)], colour.filled())
+            Rectangle::new([(x0, y0), (x0 + dx, y0 + dy)], colour.filled())
         }))
         .map_err(|e| fail(path, e))?;
     let mut bar = ChartBuilder::on(&right)

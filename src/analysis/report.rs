@@ -2,9 +2,9 @@
 //! conservation record, and per snapshot surface-density maps and radial profiles, and
 //! across snapshots the bar (A2, pattern speed), vertical heating and Lagrangian radii.
 
-use super::bar::{m2_mode, pattern_speeds};
-use super::maps::{View, surface_density};
-use super::plot::{PlotError, Series, line_chart, map_image};
+use super::bar::{a2_noise, m2_mode, pattern_speeds};
+use super::maps::{Frame, View, surface_density};
+use super::plot::{EDGE_ON_SIZE, MAP_SIZE, PlotError, Series, line_chart, map_image};
 use super::profiles::{annulus, disk_profile, lagrangian_radii};
 use crate::io::snapshot::{SnapshotData, SnapshotError, read_parameter_f64, read_snapshot};
 use crate::particles::{Component, Particles};
@@ -42,7 +42,7 @@ pub struct Options {
     pub r_max: Option<f64>,
     /// Radial bins of the profiles (default: ~400 disk particles per bin, 10 to 40 bins).
     pub bins: Option<usize>,
-    /// Pixels per side of the maps.
+    /// Cells across the maps (face-on maps are square; edge-on maps have half as many rows).
     pub pixels: usize,
 }
 
@@ -99,11 +99,6 @@ pub fn find_snapshots(input: &Path) -> Result<Vec<PathBuf>, AnalyzeError> {
         )));
     }
     Ok(found)
-}
-
-/// Mean A2 of `n` particles at random azimuths: √π / (2√n).
-fn a2_noise(n: usize) -> f64 {
-    0.5 * std::f64::consts::PI.sqrt() / (n.max(1) as f64).sqrt()
 }
 
 /// Axis labels and conversions of a snapshot's units.
@@ -211,12 +206,51 @@ fn write_file(path: &Path, text: &str, report: &mut Report) -> Result<(), Analyz
     Ok(())
 }
 
+/// Radii of the disk in the first snapshot, which fix the maps' windows and the profiles'
+/// range for the whole run (so that pictures at different times compare).
+#[derive(Debug, Clone, Copy)]
+struct Geometry {
+    /// Outer radius of the profiles and half width of the maps.
+    r_max: f64,
+    /// Cylindrical half-mass radius of the disk.
+    r_half: f64,
+    /// Half height of the edge-on maps: twice the 95th percentile of |z| within r_max
+    /// (≈ 3.7 z0 for a sech²(z/z0) layer), at most r_max.
+    z_max: f64,
+}
+
+impl Geometry {
+    fn of(p: &Particles, disk: Component, options: Options) -> Geometry {
+        let r90 = lagrangian_radii(p, disk, &[0.9])[0];
+        let r_max = options.r_max.unwrap_or(1.5 * r90);
+        let mut heights: Vec<f64> = (0..p.len())
+            .filter(|&i| p.component[i] == disk && p.pos[i][0].hypot(p.pos[i][1]) < r_max)
+            .map(|i| p.pos[i][2].abs())
+            .collect();
+        heights.sort_by(f64::total_cmp);
+        let z95 = heights
+            .get((0.95 * heights.len() as f64) as usize)
+            .copied()
+            .unwrap_or(r_max);
+        let z_max = if z95 > 0.0 {
+            (2.0 * z95).min(r_max)
+        } else {
+            r_max
+        };
+        Geometry {
+            r_max,
+            r_half: half_mass_radius(p, disk),
+            z_max,
+        }
+    }
+}
+
 /// Analyses `input` (a run folder or one snapshot) into the folder `output`.
 pub fn analyze(input: &Path, output: &Path, options: Options) -> Result<Report, AnalyzeError> {
     let snapshots = find_snapshots(input)?;
     let mut report = Report::default();
     let mut evolution = Evolution::default();
-    let mut reference: Option<(f64, f64)> = None;
+    let mut reference: Option<Geometry> = None;
     for (k, path) in snapshots.iter().enumerate() {
         let data = read_snapshot(path)?;
         let p = &data.particles;
@@ -235,16 +269,10 @@ pub fn analyze(input: &Path, output: &Path, options: Options) -> Result<Report, 
             })?;
         }
         let disk = disk_component(p);
-        let (r_max, r_half) = *reference.get_or_insert_with(|| {
-            let r90 = lagrangian_radii(p, disk, &[0.9])[0];
-            (
-                options.r_max.unwrap_or(1.5 * r90),
-                half_mass_radius(p, disk),
-            )
-        });
+        let geometry = *reference.get_or_insert_with(|| Geometry::of(p, disk, options));
         let tag = format!("{k:03}");
-        one_snapshot(&data, disk, r_max, &tag, output, options, &mut report)?;
-        evolution.add(&data, disk, r_max, r_half);
+        one_snapshot(&data, disk, geometry, &tag, output, options, &mut report)?;
+        evolution.add(&data, disk, geometry.r_max, geometry.r_half);
     }
     evolution.write(output, &mut report)?;
     let diagnostics = input.join("diagnostics.csv");
@@ -272,7 +300,7 @@ fn softening_of(data: &SnapshotData, disk: Component, r_max: f64) -> f64 {
 fn one_snapshot(
     data: &SnapshotData,
     disk: Component,
-    r_max: f64,
+    geometry: Geometry,
     tag: &str,
     output: &Path,
     options: Options,
@@ -282,11 +310,27 @@ fn one_snapshot(
     let units = Units::of(data.units);
     let when = units.when(data.time);
     let len = units.length();
-    for (view, name, y) in [(View::FaceOn, "faceon", "y"), (View::EdgeOn, "edgeon", "z")] {
-        let map = surface_density(p, disk, view, r_max, options.pixels);
+    let r_max = geometry.r_max;
+    let face_on = Frame {
+        half_width: r_max,
+        half_height: r_max,
+        columns: options.pixels,
+        rows: options.pixels,
+    };
+    let edge_on = Frame {
+        half_height: geometry.z_max,
+        rows: options.pixels.div_ceil(2),
+        ..face_on
+    };
+    for (view, frame, size, name, y) in [
+        (View::FaceOn, face_on, MAP_SIZE, "faceon", "y"),
+        (View::EdgeOn, edge_on, EDGE_ON_SIZE, "edgeon", "z"),
+    ] {
+        let map = surface_density(p, disk, view, frame);
         let path = output.join(format!("{name}_{tag}.png"));
         map_image(
             &path,
+            size,
             &format!("{disk:?} surface density, {name}, {when}"),
             &map,
             &format!("x [{len}]"),
@@ -398,6 +442,9 @@ fn one_snapshot(
     Ok(())
 }
 
+/// A2 above this many times its noise level counts as a bar.
+const BAR_THRESHOLD: f64 = 3.0;
+
 /// Figures across snapshots.
 #[derive(Debug, Default)]
 struct Evolution {
@@ -407,8 +454,8 @@ struct Evolution {
     angle: Vec<f64>,
     sigma_z: Vec<f64>,
     scale_height: Vec<f64>,
-    /// Disk particles in the first snapshot (the A2 noise level is ~0.89/√N).
-    disk_particles: usize,
+    /// The mean A2 of particle noise in the first snapshot (`bar::a2_noise`).
+    noise: f64,
     /// Per component present in the first snapshot: 10/50/90% radii per snapshot.
     lagrangian: Vec<(Component, Vec<[f64; 3]>)>,
 }
@@ -425,7 +472,7 @@ impl Evolution {
         self.sigma_z.push(ring.sigma_z);
         self.scale_height.push(ring.scale_height);
         if self.lagrangian.is_empty() {
-            self.disk_particles = p.component.iter().filter(|&&c| c == disk).count();
+            self.noise = a2_noise(p, disk, r_max);
             self.lagrangian = Component::ALL
                 .iter()
                 .filter(|c| p.component.contains(c))
@@ -442,7 +489,7 @@ impl Evolution {
         let units = self.units.unwrap_or(Units::of(None));
         let (time_label, to_time) = units.time();
         let speeds = pattern_speeds(&self.times, &self.angle);
-        let mut csv = String::from("time,a2,bar_angle,pattern_speed,sigma_z,scale_height");
+        let mut csv = String::from("time,a2,a2_noise,bar_angle,pattern_speed,sigma_z,scale_height");
         for (c, _) in &self.lagrangian {
             let _ = write!(csv, ",{c:?}_r10,{c:?}_r50,{c:?}_r90");
         }
@@ -452,9 +499,10 @@ impl Evolution {
             let speed = if k == 0 { f64::NAN } else { speeds[k - 1] };
             let _ = write!(
                 csv,
-                "{},{},{},{},{},{}",
+                "{},{},{},{},{},{},{}",
                 self.times[k],
                 self.a2[k],
+                self.noise,
                 self.angle[k],
                 speed,
                 self.sigma_z[k],
@@ -473,6 +521,22 @@ impl Evolution {
         let t: Vec<f64> = self.times.iter().map(|t| t * to_time).collect();
         let along = |v: &[f64]| t.iter().copied().zip(v.iter().copied()).collect();
         let len = units.length();
+        // A bar is claimed where A2 exceeds three times the noise's mean: A2 of noise alone
+        // is Rayleigh-distributed, so it passes that line with probability e^{-9π/4} ≈ 8.5e-4
+        // per snapshot. The pattern speed is drawn only between snapshots that both pass it.
+        let threshold = BAR_THRESHOLD * self.noise;
+        let barred = |k: usize| self.a2[k] > threshold;
+        let speed_points: Vec<(f64, f64)> = (1..t.len())
+            .map(|k| {
+                let w = if barred(k - 1) && barred(k) {
+                    speeds[k - 1]
+                } else {
+                    f64::NAN
+                };
+                (t[k], w)
+            })
+            .collect();
+        let any_bar = speed_points.iter().any(|p| p.1.is_finite());
         let mut charts = vec![
             (
                 "bar",
@@ -484,16 +548,22 @@ impl Evolution {
                         points: along(&self.a2),
                     },
                     Series {
-                        // |Σ e^{2iφ}|/N of N random phases averages √π/(2√N): below
-                        // about twice this line A2 is particle noise, not a bar.
-                        name: format!("noise of {} random particles", self.disk_particles),
-                        points: along(&vec![a2_noise(self.disk_particles); t.len()]),
+                        name: "particle noise (mean A2 of random azimuths)".into(),
+                        points: along(&vec![self.noise; t.len()]),
+                    },
+                    Series {
+                        name: "bar threshold (3x noise)".into(),
+                        points: along(&vec![threshold; t.len()]),
                     },
                 ],
             ),
             (
                 "pattern_speed",
-                "Bar pattern speed (between snapshots; noise where A2 is)".to_string(),
+                if any_bar {
+                    "Bar pattern speed (where A2 > 3x noise at both ends)".to_string()
+                } else {
+                    "No bar: A2 below 3x particle noise, no pattern speed".to_string()
+                },
                 // A radian per kpc/(km/s) is a km/s/kpc.
                 if units.galactic {
                     "Ω_p [km/s/kpc]".to_string()
@@ -502,7 +572,7 @@ impl Evolution {
                 },
                 vec![Series {
                     name: "Ω_p".into(),
-                    points: t[1..].iter().copied().zip(speeds.iter().copied()).collect(),
+                    points: speed_points,
                 }],
             ),
             (

@@ -23,7 +23,7 @@ pub struct AnalyzeArgs {
     /// Radial bins of the profiles (default: ~400 disk particles per bin, 10 to 40 bins).
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..=10_000).map(|v| v as usize))]
     bins: Option<usize>,
-    /// Pixels per side of the surface-density maps.
+    /// Cells across the surface-density maps (face-on: square; edge-on: half as many rows).
     #[arg(long, default_value_t = 200, value_parser = clap::value_parser!(u32).range(8..=2000).map(|v| v as usize))]
     pixels: usize,
 }
