@@ -320,7 +320,7 @@ fn gpu_solver<C: Communicator + 'static>(
     device: &DeviceInfo,
 ) -> Result<Box<dyn GravitySolver>, RunError> {
     let ordinal = comm.rank() % device.devices.max(1);
-    let mut gpu = crate::gpu::device::GpuFmm::open(ordinal, crate::gpu::kernel_cache().as_deref())
+    let mut gpu = crate::gpu::GpuFmm::open(ordinal, crate::gpu::kernel_cache().as_deref())
         .map_err(|e| RunError::Gravity(GravityError::Device(e.to_string())))?;
     if comm.size() == 1 {
         return Ok(Box::new(crate::gpu::solver::GpuSolver::new(

@@ -1,4 +1,4 @@
-//! Every kernel launch in src/gpu/device.rs against the kernel's signature in kernels/*.cu,
+//! Every kernel launch in the device files of src/gpu/ (`DEVICE_FILES`) against the kernel's signature in kernels/*.cu,
 //! without a GPU: as many arguments as parameters, a device buffer where the kernel takes a
 //! pointer (of the same element type, where the buffer's type can be read off its field)
 //! and a plain value where it takes a value. cudarc cannot check this (its launch arguments
@@ -179,11 +179,25 @@ fn value_type(before: &str, name: &str) -> Option<String> {
     None
 }
 
+/// The files of src/gpu/ that hold the kernel table and launch kernels.
+const DEVICE_FILES: [&str; 6] = [
+    "context.rs",
+    "state.rs",
+    "tree.rs",
+    "traversal.rs",
+    "passes.rs",
+    "payload.rs",
+];
+
 #[test]
 fn every_launch_matches_its_kernels_signature() {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let kernels = kernel_signatures(root);
-    let device = std::fs::read_to_string(root.join("src/gpu/device.rs")).unwrap();
+    let device: String = DEVICE_FILES
+        .iter()
+        .map(|f| std::fs::read_to_string(root.join("src/gpu").join(f)).unwrap())
+        .collect::<Vec<_>>()
+        .join("\n");
 
     // Kernels: `field: function("file.cu", "kernel")?`.
     let mut functions: HashMap<String, String> = HashMap::new();
@@ -210,7 +224,10 @@ fn every_launch_matches_its_kernels_signature() {
     // two); a name declared with two types is not checked.
     let mut fields: HashMap<String, Option<String>> = HashMap::new();
     for line in device.lines() {
-        let line = line.trim().trim_start_matches("pub ");
+        let line = line
+            .trim()
+            .trim_start_matches("pub(super) ")
+            .trim_start_matches("pub ");
         let Some((name, ty)) = line.split_once(": ") else {
             continue;
         };

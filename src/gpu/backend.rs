@@ -53,7 +53,7 @@ impl Chosen {
 /// no NVRTC to compile the kernels for it).
 #[cfg(feature = "cuda")]
 pub fn probe() -> Result<DeviceInfo, String> {
-    let device = super::device::probe(0).map_err(|e| e.to_string())?;
+    let device = super::context::probe(0).map_err(|e| e.to_string())?;
     if !super::nvrtc::available() {
         return Err(super::nvrtc::KernelError::NoNvrtc.to_string());
     }

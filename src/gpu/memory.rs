@@ -1,8 +1,8 @@
 //! What one GPU holds in device memory (design §7): the element count of every buffer of the
 //! force evaluations for a plan, each at least the size the caps give it, so that the
-//! buffers of a run's first evaluation serve the later ones (`device::GpuFmm` keeps them),
+//! buffers of a run's first evaluation serve the later ones (`GpuFmm` keeps them),
 //! and of the particle state that stays on the device between steps
-//! (`device::DeviceState`). One list for the allocation and for the bytes per particle a
+//! (`state::DeviceState`). One list for the allocation and for the bytes per particle a
 //! GPU needs (issue target: ≤ 1 KB, so that 1e8 particles fit on an H200), which needs no
 //! GPU to compute.
 

@@ -4,17 +4,32 @@
 
 pub mod backend;
 #[cfg(feature = "cuda")]
-pub mod device;
+pub mod context;
 pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod nccl;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 #[cfg(feature = "cuda")]
+pub mod passes;
+#[cfg(feature = "cuda")]
+pub mod payload;
+#[cfg(feature = "cuda")]
 pub mod rank;
 #[cfg(feature = "cuda")]
 pub mod solver;
 pub mod sort;
+#[cfg(feature = "cuda")]
+pub mod state;
+#[cfg(feature = "cuda")]
+pub mod traversal;
+#[cfg(feature = "cuda")]
+pub mod tree;
+
+#[cfg(feature = "cuda")]
+pub use context::{GpuError, GpuFmm};
+#[cfg(feature = "cuda")]
+pub use state::DeviceState;
 
 /// Where compiled kernels are cached: `LEAPFMM_KERNEL_CACHE` (a folder, or `off` for no
 /// cache: a machine whose HOME cannot be written), else `$HOME/.cache/leapfmm/kernels`
