@@ -14,9 +14,11 @@
 //! figures go to docs/benchmarks.md (GPU backend).
 
 use leapfmm::bench::Workload;
+use leapfmm::fmm::FmmStats;
+use leapfmm::fmm::backend::{DeviceLists, DeviceTree};
 use leapfmm::fmm::caps::Caps;
 use leapfmm::fmm::morton::BoundingCube;
-use leapfmm::fmm::solver::{DeviceLists, DeviceTree, Evaluation, FmmStats};
+use leapfmm::fmm::solver::Evaluation;
 use leapfmm::fmm::traversal::Mac;
 use leapfmm::fmm::tree::{CellColumns, CellsOverflow, MOMENT_VALUES, SortedParticles, Tree};
 use leapfmm::fmm::{FmmSettings, FmmSolver};

@@ -16,8 +16,8 @@ use leapfmm::distributed::comm::{Communicator, ThreadRank, run_thread_ranks};
 use leapfmm::distributed::driver::{DistributedFmm, RankStats};
 use leapfmm::distributed::payload::PayloadRoutes;
 use leapfmm::fmm::FmmSolver;
+use leapfmm::fmm::backend::{DeviceForces, DevicePasses, DevicePlan};
 use leapfmm::fmm::caps::Caps;
-use leapfmm::fmm::solver::{DeviceForces, DevicePasses, DevicePlan};
 use leapfmm::gravity::{GravityError, Softening};
 use std::time::Duration;
 
@@ -121,7 +121,7 @@ fn main() {
 /// One evaluation's figures: each phase's slowest rank, and the bytes per rank.
 fn report(k: usize, ranks: &[RankStats]) {
     let max = |f: &dyn Fn(&RankStats) -> f64| ranks.iter().map(f).fold(0.0, f64::max);
-    let s = |f: fn(&leapfmm::fmm::solver::PhaseSeconds) -> f64| max(&|r| f(&r.fmm.seconds));
+    let s = |f: fn(&leapfmm::fmm::stats::PhaseSeconds) -> f64| max(&|r| f(&r.fmm.seconds));
     let host = max(&|r| {
         let t = &r.fmm.seconds;
         r.decomposition_s + t.tree + t.upward + t.exchange + t.traversal

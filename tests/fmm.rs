@@ -3,10 +3,11 @@
 
 mod common;
 
+use leapfmm::fmm::FmmStats;
 use leapfmm::fmm::caps::{CapKind, Caps, CapsPolicy};
 use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::presets::PresetsStore;
-use leapfmm::fmm::solver::{Evaluation, FmmStats};
+use leapfmm::fmm::solver::Evaluation;
 use leapfmm::fmm::traversal::Mac;
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::accuracy::{AccuracyStats, compare, direct_at};

@@ -684,7 +684,7 @@ struct EmulatedDevice<'a> {
     downloads: usize,
 }
 
-impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
+impl leapfmm::fmm::backend::DeviceTree for EmulatedDevice<'_> {
     fn cell_moments(
         &mut self,
         tree: &leapfmm::fmm::tree::Tree,
@@ -717,14 +717,14 @@ impl leapfmm::fmm::solver::DeviceTree for EmulatedDevice<'_> {
         mac: leapfmm::fmm::traversal::Mac,
         _caps: &leapfmm::fmm::caps::Caps,
         targets: Option<&[bool]>,
-    ) -> Result<Option<leapfmm::fmm::solver::DeviceLists>, leapfmm::gravity::GravityError> {
+    ) -> Result<Option<leapfmm::fmm::backend::DeviceLists>, leapfmm::gravity::GravityError> {
         if !self.walk || targets.is_some() {
             return Ok(None);
         }
         // The device's own moments: the host's tree holds none once the device walks.
         let w = emulated_walk_with(tree, &self.moments, mac, 4096, GPU_RINGS, GPU_CACHE);
         assert_eq!(w.problems, 0);
-        let lists = leapfmm::fmm::solver::DeviceLists {
+        let lists = leapfmm::fmm::backend::DeviceLists {
             m2l: w.m2l_sources.len(),
             p2p: w.p2p_sources.len(),
             p2p_interactions: w.pairs.iter().sum(),
@@ -1092,7 +1092,7 @@ fn assert_same_walk(a: &EmulatedWalk, b: &EmulatedWalk) {
 /// Every cell's M2L and P2P lists of an emulated device walk are those of `plan`.
 fn assert_walked_lists_are_the_plans(
     walked: &EmulatedWalk,
-    plan: &leapfmm::fmm::solver::DevicePlan,
+    plan: &leapfmm::fmm::backend::DevicePlan,
 ) {
     let of = |spans: &[u64], list: &[u32], c: usize| -> Vec<u32> {
         let (start, len) = unpack(spans[c]);
@@ -1234,7 +1234,7 @@ fn tree_bytes(b: &mut Vec<u8>, tree: &leapfmm::fmm::tree::Tree) {
 }
 
 /// The two plans have the same M2L and P2P lists, laid out alike.
-fn assert_same_lists(a: &leapfmm::fmm::solver::DevicePlan, b: &leapfmm::fmm::solver::DevicePlan) {
+fn assert_same_lists(a: &leapfmm::fmm::backend::DevicePlan, b: &leapfmm::fmm::backend::DevicePlan) {
     assert_eq!((a.m2l_spans, a.m2l_sources), (b.m2l_spans, b.m2l_sources));
     assert_eq!((a.p2p_spans, a.p2p_sources), (b.p2p_spans, b.p2p_sources));
 }
@@ -1537,7 +1537,7 @@ fn m2l_kernel_matches_at_order(p: usize, direct: bool) {
 }
 
 /// The harness input of a whole FMM evaluation from a device plan.
-fn fmm_input(plan: &leapfmm::fmm::solver::DevicePlan, softening: Softening, g: f64) -> Vec<u8> {
+fn fmm_input(plan: &leapfmm::fmm::backend::DevicePlan, softening: Softening, g: f64) -> Vec<u8> {
     let mut b = Vec::new();
     let n = plan.pos.len() as u32;
     u32_bytes(
@@ -1652,7 +1652,7 @@ fn clumpy_cloud() -> Cloud {
 /// The largest relative difference of the device's forces `out` (harness output, tree order
 /// of `plan`) from the CPU's, over the particles `counted` flags (caller's order).
 fn worst_difference(
-    plan: &leapfmm::fmm::solver::DevicePlan,
+    plan: &leapfmm::fmm::backend::DevicePlan,
     out: &[f64],
     cloud: &Cloud,
     counted: impl Fn(usize) -> bool,
@@ -1718,7 +1718,7 @@ fn active_particles_lists_cut_the_device_work_and_keep_their_forces() {
 
 /// Every own cell's M2L sources and every leaf's P2P sources, in cell order (the plans'
 /// spans lie wherever the walk's threads put them).
-fn lists(plan: &leapfmm::fmm::solver::DevicePlan) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
+fn lists(plan: &leapfmm::fmm::backend::DevicePlan) -> (Vec<Vec<u32>>, Vec<Vec<u32>>) {
     let m2l = (0..plan.own_cells)
         .map(|c| plan.m2l_of(c).to_vec())
         .collect();
@@ -1813,17 +1813,17 @@ struct Emulated {
     payload: bool,
 }
 
-impl leapfmm::fmm::solver::DevicePasses for Emulated {
+impl leapfmm::fmm::backend::DevicePasses for Emulated {
     fn run_passes(
         &mut self,
-        plan: &leapfmm::fmm::solver::DevicePlan,
+        plan: &leapfmm::fmm::backend::DevicePlan,
         _caps: &leapfmm::fmm::caps::Caps,
         softening: Softening,
         g: f64,
-    ) -> Result<leapfmm::fmm::solver::DeviceForces, leapfmm::gravity::GravityError> {
+    ) -> Result<leapfmm::fmm::backend::DeviceForces, leapfmm::gravity::GravityError> {
         let out = f64s(&run_harness("fmm", &fmm_input(plan, softening, g)));
         let (acc, pot) = out.split_at(3 * plan.own_particles);
-        Ok(leapfmm::fmm::solver::DeviceForces {
+        Ok(leapfmm::fmm::backend::DeviceForces {
             acc: acc.chunks_exact(3).map(|a| [a[0], a[1], a[2]]).collect(),
             pot: pot.to_vec(),
             seconds: Default::default(),
@@ -1836,12 +1836,12 @@ impl leapfmm::fmm::solver::DevicePasses for Emulated {
 
     fn run_passes_with_payload(
         &mut self,
-        plan: &leapfmm::fmm::solver::DevicePlan,
+        plan: &leapfmm::fmm::backend::DevicePlan,
         caps: &leapfmm::fmm::caps::Caps,
         force: (Softening, f64),
         routes: &leapfmm::distributed::payload::PayloadRoutes,
         comm: &dyn leapfmm::distributed::comm::Communicator,
-    ) -> Result<leapfmm::fmm::solver::DeviceForces, leapfmm::gravity::GravityError> {
+    ) -> Result<leapfmm::fmm::backend::DeviceForces, leapfmm::gravity::GravityError> {
         use leapfmm::gravity::GravityError;
         // The own multipoles first (the plan's are placeholders when the host left them).
         let mut multipoles = match plan.upward_on_device {
@@ -1886,7 +1886,7 @@ impl leapfmm::fmm::solver::DevicePasses for Emulated {
                 .map_err(GravityError::Communication)?;
         }
         let pos: Vec<[f64; 3]> = pos.chunks_exact(3).map(|x| [x[0], x[1], x[2]]).collect();
-        let landed = leapfmm::fmm::solver::DevicePlan {
+        let landed = leapfmm::fmm::backend::DevicePlan {
             pos: &pos,
             mass: &mass,
             multipoles: Some(&multipoles),

@@ -402,7 +402,7 @@ fn distributed_on_gpu(
     args: &ForcesArgs,
     presets: Option<PresetsStore>,
 ) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
-    use leapfmm::fmm::solver::DevicePasses;
+    use leapfmm::fmm::backend::DevicePasses;
     use leapfmm::gpu::GpuFmm;
     use leapfmm::gravity::GravityError;
     let info = leapfmm::gpu::backend::probe().map_err(anyhow::Error::msg)?;
@@ -488,7 +488,7 @@ fn report_gpu_difference(gpu_acc: &[[f64; 3]], cpu_acc: &[[f64; 3]], what: &str)
 fn device_tree_order(
     gpu: &mut leapfmm::gpu::GpuFmm,
     particles: &Particles,
-    plan: &leapfmm::fmm::solver::DevicePlan,
+    plan: &leapfmm::fmm::backend::DevicePlan,
     settings: &leapfmm::fmm::FmmSettings,
     caps: &leapfmm::fmm::caps::Caps,
     repeat: usize,

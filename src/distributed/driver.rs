@@ -16,12 +16,12 @@ use super::let_tree::{
     ExportWalk, LetPacket, SentGeometry, WirePrecision, decode_geometry, encode_geometry, import,
 };
 use super::payload::{Landing, PayloadRoutes};
+use crate::fmm::FmmStats;
+use crate::fmm::backend::{DevicePasses, ResidentPasses};
 use crate::fmm::caps::{CapKind, Caps, CapsTracker};
 use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::presets::PresetsStore;
-use crate::fmm::solver::{
-    DevicePasses, Evaluation, FmmStats, RemoteSource, RemoteTree, ResidentPasses,
-};
+use crate::fmm::solver::{Evaluation, RemoteSource, RemoteTree};
 use crate::fmm::tree::Tree;
 use crate::fmm::{FmmSettings, FmmSolver};
 use crate::gravity::{
@@ -509,7 +509,7 @@ impl<C: Communicator> DistributedFmm<C> {
                         forces.seconds
                     }
                 };
-                seconds.add_to(&mut stats);
+                stats.add_device_seconds(&seconds);
                 stats.p2p_interactions = plan.p2p_interactions();
                 stats
             }

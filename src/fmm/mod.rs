@@ -2,13 +2,17 @@
 //! expansion centres and exact bounding spheres, solid-harmonic expansions with O(p^3)
 //! rotated M2L, a dual-tree walk that only builds lists, and batched passes over them.
 
+pub mod backend;
 pub mod caps;
 pub mod expansion;
 pub mod morton;
 pub mod p2p;
+pub mod passes;
 pub mod presets;
 pub mod solver;
+pub mod stats;
 pub mod traversal;
 pub mod tree;
 
-pub use solver::{FmmSettings, FmmSolver, FmmStats};
+pub use solver::{FmmSettings, FmmSolver};
+pub use stats::FmmStats;

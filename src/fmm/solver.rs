@@ -1,18 +1,20 @@
-//! The FMM force evaluation: tree, upward pass, list-building traversal, then batched M2L,
-//! L2L, L2P and P2P passes; with capped buffers, selective retries and caps carried between
-//! evaluations (and across runs through the presets file).
+//! The FMM force evaluation's orchestration on the CPU: the tree (`tree`), the list-building
+//! walk (`traversal`), then the passes (`passes`: P2M … P2P), with capped buffers, selective
+//! retries and caps carried between evaluations (and across runs through the presets file).
+//! A plan for passes run elsewhere (`device_plan`) follows the interface of `backend`; what
+//! an evaluation reports is `stats`.
 
+use super::backend::{DeviceLists, DevicePlan, DeviceTree};
 use super::caps::{CapKind, CappedBuffer, Caps, CapsPolicy, CapsTracker};
-use super::expansion::{self, M2L_LANES, Operators, real_len};
+use super::expansion::{Operators, real_len};
 use super::morton::BoundingCube;
-use super::p2p::{NearField, NearFieldPrecision, NearScratch};
+use super::p2p::{NearField, NearFieldPrecision};
 use super::presets::{PresetKey, PresetsStore};
-use super::traversal::{Mac, Spans, unpack, walk};
-use super::tree::{Cell, CellsOverflow, MOMENT_VALUES, NotSorted, SortedParticles, Tree};
-use crate::distributed::comm::Communicator;
-use crate::distributed::payload::PayloadRoutes;
+use super::stats::FmmStats;
+use super::traversal::{Mac, Spans, span, unpack, walk};
+use super::tree::{Cell, MOMENT_VALUES, NotSorted, SortedParticles, Tree};
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
-use crate::gravity::{ForceReport, GravityError, GravitySolver, SolverStat, check_finite};
+use crate::gravity::{ForceReport, GravityError, GravitySolver, check_finite};
 use crate::particles::Particles;
 use rayon::prelude::*;
 use std::time::Instant;
@@ -71,87 +73,6 @@ impl FmmSettings {
         }
     }
 }
-
-/// Wall seconds per phase of one evaluation (retries included in tree and traversal).
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PhaseSeconds {
-    /// Sort and cell construction.
-    pub tree: f64,
-    /// Moments, P2M and M2M.
-    pub upward: f64,
-    /// Dual-tree walk (the lists).
-    pub traversal: f64,
-    /// M2L.
-    pub m2l: f64,
-    /// L2L and L2P.
-    pub downward: f64,
-    /// P2P.
-    pub p2p: f64,
-    /// Locally essential tree exchange (distributed runs).
-    pub exchange: f64,
-}
-
-/// What one evaluation did.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct FmmStats {
-    /// Retries caused by overflowed caps.
-    pub retries: usize,
-    /// Overflows per buffer kind (`CapKind` order).
-    pub overflows: [usize; 5],
-    /// Caps in force for the successful attempt.
-    pub caps: Caps,
-    /// What the successful attempt used of each cap.
-    pub used: Caps,
-    /// Phase timings.
-    pub seconds: PhaseSeconds,
-    /// Particle–particle interactions in the near field.
-    pub p2p_interactions: u64,
-    /// Cells in the tree.
-    pub cells: usize,
-    /// Cells received from other ranks.
-    pub remote_cells: usize,
-    /// M2L pairs whose source came from another rank.
-    pub remote_m2l: usize,
-}
-
-/// `a - b`.
-#[inline]
-fn sub(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
-    [a[0] - b[0], a[1] - b[1], a[2] - b[2]]
-}
-
-/// P2M of a leaf's particles into `m`, in batches of `M2L_LANES`.
-fn p2m_leaf(ops: &Operators, tree: &Tree, cell: &Cell, m: &mut [f64]) {
-    let range = cell.begin as usize..cell.end as usize;
-    for (x, q) in tree.pos[range.clone()]
-        .chunks(M2L_LANES)
-        .zip(tree.mass[range].chunks(M2L_LANES))
-    {
-        let y = std::array::from_fn(|w| x.get(w).map_or([0.0; 3], |x| sub(*x, cell.centre)));
-        let q = std::array::from_fn(|w| q.get(w).copied().unwrap_or(0.0));
-        ops.p2m_batch(&y, &q, m);
-    }
-}
-
-/// Adds the multipole `child_m` of `child` to its parent's `m`.
-fn m2m_child(
-    p: usize,
-    parent: &Cell,
-    child: &Cell,
-    child_m: &[f64],
-    m: &mut [f64],
-    scratch: &mut [f64],
-) {
-    let t = [
-        child.centre[0] - parent.centre[0],
-        child.centre[1] - parent.centre[1],
-        child.centre[2] - parent.centre[2],
-    ];
-    expansion::m2m(p, t, child_m, m, scratch);
-}
-
-/// A leaf and the slices of the sorted output arrays that belong to its particles.
-type LeafOutput<'a> = (u32, &'a mut [[f64; 3]], &'a mut [f64]);
 
 /// Cost of one M2L in units of one particle–particle interaction (measured: ~100 ns vs
 /// ~0.35 ns per interaction at p = 7 on this CPU), for the load balance.
@@ -216,87 +137,19 @@ fn check_retries(stats: &FmmStats) -> Result<(), GravityError> {
 /// cell index. The sources vector is the capped buffer's own memory, lent out between traversal
 /// and the next evaluation.
 #[derive(Debug, Default)]
-struct PairList {
-    sources: Vec<u32>,
-    spans: Spans,
+pub(super) struct PairList {
+    pub(super) sources: Vec<u32>,
+    pub(super) spans: Spans,
 }
 
 impl PairList {
-    fn of(&self, target: usize) -> impl ExactSizeIterator<Item = u32> + Clone + '_ {
+    pub(super) fn of(&self, target: usize) -> impl ExactSizeIterator<Item = u32> + Clone + '_ {
         span(self.spans[target], &self.sources).iter().copied()
     }
 
-    fn len_of(&self, target: usize) -> usize {
+    pub(super) fn len_of(&self, target: usize) -> usize {
         unpack(self.spans[target]).1 as usize
     }
-}
-
-/// Where the particles of a tree that holds none of their positions are (`plan_sorted`
-/// with `SortedParticles` without them, or `plan_split`: a device that sorted them): it
-/// computes the cells' moments there, may walk the tree there too, and for `plan_split`
-/// splits the particles into the cells.
-pub trait DeviceTree {
-    /// Computes the mass, centre and r_max of every cell of `tree` (its cells built, its
-    /// `order` final) there, for its `walk` and passes: what `Tree::compute_moments` would
-    /// give, bit for bit. `reordered`: the tree's order differs from the one the sorter
-    /// handed over (`Tree::adopt_sorted` reordered equal keys), so the particles must first
-    /// be put into `tree.order`.
-    fn cell_moments(&mut self, tree: &Tree, reordered: bool) -> Result<(), GravityError>;
-
-    /// The moments the last `cell_moments` computed, into `out` in cell order (asked only
-    /// when the host needs them: for its own walk, or its own upward pass).
-    fn download_moments(&mut self, out: &mut Vec<[f64; MOMENT_VALUES]>)
-    -> Result<(), GravityError>;
-
-    /// Walks `tree` (its moments set) with `mac`, every own cell a target or with
-    /// `targets` those flagged (`Tree::cells_holding`: the others' lists empty), and keeps
-    /// the lists where the tree is (the ones `traversal::walk` makes, for passes run
-    /// there); `None` when it does not (the host walks). `caps`: the lists' expected sizes.
-    fn walk(
-        &mut self,
-        _tree: &Tree,
-        _mac: Mac,
-        _caps: &Caps,
-        _targets: Option<&[bool]>,
-    ) -> Result<Option<DeviceLists>, GravityError> {
-        Ok(None)
-    }
-
-    /// Splits the particles it sorted into cells there (at most `leaf_size` a leaf, the
-    /// cells of `Tree::build_cells`) and hands them to `tree` (`Tree::adopt_cells`);
-    /// `Ok(Err(..))` when they need more than `cap` cells. Asked only by
-    /// `FmmSolver::plan_split`.
-    fn split_cells(
-        &mut self,
-        _tree: &mut Tree,
-        _leaf_size: usize,
-        _cap: usize,
-    ) -> Result<Result<(), CellsOverflow>, GravityError> {
-        Err(GravityError::Device(
-            "this device does not split cells; plan with plan_sorted".into(),
-        ))
-    }
-
-    /// For each cell of `tree` (split there, its moments computed there), whether the
-    /// lists are for it: whether it holds one of the particles the caller named to the
-    /// device (`Tree::cells_holding`'s flags, found there), into `out`. Asked only by a
-    /// partial `FmmSolver::plan_split`.
-    fn active_cells(&mut self, _tree: &Tree, _out: &mut Vec<bool>) -> Result<(), GravityError> {
-        Err(GravityError::Device(
-            "this device does not flag active cells; plan with active particles".into(),
-        ))
-    }
-}
-
-/// The sizes of lists a `DeviceTree` walked and keeps.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct DeviceLists {
-    /// M2L entries.
-    pub m2l: usize,
-    /// P2P entries.
-    pub p2p: usize,
-    /// Particle pairs the P2P entries make (self-pairs of a leaf included).
-    pub p2p_interactions: u64,
 }
 
 /// Where an evaluation's tree gets its particles.
@@ -341,38 +194,38 @@ pub struct Evaluation<'a> {
 /// A reusable FMM solver: buffers and caps persist between evaluations.
 #[derive(Debug)]
 pub struct FmmSolver {
-    settings: FmmSettings,
-    ops: Operators,
-    near: NearField,
-    tracker: CapsTracker,
-    caps_known: bool,
-    presets: Option<PresetsStore>,
-    saved_caps: Option<Caps>,
-    ranks: u32,
+    pub(super) settings: FmmSettings,
+    pub(super) ops: Operators,
+    pub(super) near: NearField,
+    pub(super) tracker: CapsTracker,
+    pub(super) caps_known: bool,
+    pub(super) presets: Option<PresetsStore>,
+    pub(super) saved_caps: Option<Caps>,
+    pub(super) ranks: u32,
     /// Which own cells hold particles that receive forces in this evaluation (empty: all).
-    targets: Vec<bool>,
+    pub(super) targets: Vec<bool>,
     /// The backend that runs the passes (part of the caps presets key).
-    backend: &'static str,
-    warnings: Vec<String>,
-    tree: Tree,
-    multipoles: Vec<f64>,
+    pub(super) backend: &'static str,
+    pub(super) warnings: Vec<String>,
+    pub(super) tree: Tree,
+    pub(super) multipoles: Vec<f64>,
     /// Whether the last evaluation or plan computed the own cells' multipoles here.
-    upward_on_host: bool,
-    locals: Vec<f64>,
-    m2l_buf: CappedBuffer,
-    p2p_buf: CappedBuffer,
-    m2l: PairList,
-    p2p: PairList,
-    acc: Vec<[f64; 3]>,
-    pot: Vec<f64>,
+    pub(super) upward_on_host: bool,
+    pub(super) locals: Vec<f64>,
+    pub(super) m2l_buf: CappedBuffer,
+    pub(super) p2p_buf: CappedBuffer,
+    pub(super) m2l: PairList,
+    pub(super) p2p: PairList,
+    pub(super) acc: Vec<[f64; 3]>,
+    pub(super) pot: Vec<f64>,
     /// The cells' moments from a `DeviceTree`, kept between evaluations.
-    moments_scratch: Vec<[f64; MOMENT_VALUES]>,
+    pub(super) moments_scratch: Vec<[f64; MOMENT_VALUES]>,
     /// The last evaluation's lists when a `DeviceTree` walked and keeps them (`m2l` and
     /// `p2p` are then empty).
-    device_lists: Option<DeviceLists>,
+    pub(super) device_lists: Option<DeviceLists>,
     /// Set when the last plan's cell moments stayed with its `DeviceTree` (which walked):
     /// the tree's cells here hold none.
-    moments_on_device: bool,
+    pub(super) moments_on_device: bool,
 }
 
 impl FmmSolver {
@@ -923,290 +776,6 @@ impl FmmSolver {
             self.saved_caps = Some(caps);
         }
     }
-
-    /// The multipoles of a remote tree's cells that came without one (the sender sends
-    /// multipoles only for the cells it sends neither particles nor children of): P2M from
-    /// the particles, M2M from the children, deepest first. With f64 on the wire these are
-    /// the sender's own bits (same operations in the same order).
-    fn rebuild_remote_multipoles(&mut self, first: usize, count: usize, len: usize) {
-        let p = self.settings.order;
-        let (tree, ops) = (&self.tree, &self.ops);
-        let mut scratch = vec![0.0; len];
-        // Breadth first within the tree: children come after their parent.
-        for c in (first..first + count).rev() {
-            let cell = &tree.cells[c];
-            if cell.count() == 0 && cell.is_leaf() {
-                continue;
-            }
-            let (head, below) = self.multipoles.split_at_mut((c + 1) * len);
-            let m = &mut head[c * len..];
-            m.fill(0.0);
-            if cell.is_leaf() {
-                p2m_leaf(ops, tree, cell, m);
-            } else {
-                for ch in cell.children() {
-                    let off = (ch as usize - c - 1) * len;
-                    m2m_child(
-                        p,
-                        cell,
-                        &tree.cells[ch as usize],
-                        &below[off..off + len],
-                        m,
-                        &mut scratch,
-                    );
-                }
-            }
-        }
-    }
-
-    /// P2M at leaves, then M2M level by level towards the root.
-    fn upward(&mut self, len: usize) {
-        let p = self.settings.order;
-        let cells = self.tree.cells.len();
-        self.multipoles.clear();
-        self.multipoles.resize(cells * len, 0.0);
-        let (tree, ops) = (&self.tree, &self.ops);
-        for level in (0..tree.depth()).rev() {
-            let (lo, hi) = (tree.level_start[level], tree.level_start[level + 1]);
-            let (done, rest) = self.multipoles.split_at_mut(hi * len);
-            let this_level = &mut done[lo * len..];
-            let below: &[f64] = rest;
-            this_level.par_chunks_mut(len).enumerate().for_each_init(
-                || vec![0.0; len],
-                |scratch, (i, m)| {
-                    let cell = &tree.cells[lo + i];
-                    if cell.is_leaf() {
-                        p2m_leaf(ops, tree, cell, m);
-                    } else {
-                        for ch in cell.children() {
-                            let c = &tree.cells[ch as usize];
-                            let off = (ch as usize - hi) * len;
-                            m2m_child(p, cell, c, &below[off..off + len], m, scratch);
-                        }
-                    }
-                },
-            );
-        }
-    }
-
-    /// Every cell's local expansion from the multipoles on its M2L list.
-    fn m2l_pass(&mut self, len: usize) {
-        let cells = self.tree.own_cells;
-        self.locals.clear();
-        self.locals.resize(cells * len, 0.0);
-        let (tree, ops, list, multipoles) = (&self.tree, &self.ops, &self.m2l, &self.multipoles);
-        let zero = vec![0.0; len];
-        self.locals
-            .par_chunks_mut(len)
-            .enumerate()
-            .with_min_len(16)
-            .for_each(|(t, local)| {
-                let target = tree.cells[t].centre;
-                let mut sources = list.of(t);
-                for _ in 0..list.len_of(t).div_ceil(M2L_LANES) {
-                    // Unused lanes get an empty multipole at a harmless offset.
-                    let mut r = [[0.0, 0.0, 1.0]; M2L_LANES];
-                    let mut m: [&[f64]; M2L_LANES] = [&zero; M2L_LANES];
-                    for (w, s) in sources.by_ref().take(M2L_LANES).enumerate() {
-                        let c = tree.cells[s as usize].centre;
-                        r[w] = [target[0] - c[0], target[1] - c[1], target[2] - c[2]];
-                        m[w] = &multipoles[s as usize * len..(s as usize + 1) * len];
-                    }
-                    ops.m2l_batch(&r, &m, local);
-                }
-            });
-    }
-
-    /// Passes local expansions down, level by level.
-    fn l2l_pass(&mut self, len: usize) {
-        let p = self.settings.order;
-        let tree = &self.tree;
-        for level in 1..tree.depth() {
-            let (lo, hi) = (tree.level_start[level], tree.level_start[level + 1]);
-            let (above, rest) = self.locals.split_at_mut(lo * len);
-            let this_level = &mut rest[..(hi - lo) * len];
-            let above: &[f64] = above;
-            let targets = &self.targets;
-            this_level.par_chunks_mut(len).enumerate().for_each_init(
-                || vec![0.0; len],
-                |scratch, (i, local)| {
-                    if targets.get(lo + i) == Some(&false) {
-                        return;
-                    }
-                    let cell = &tree.cells[lo + i];
-                    let parent = &tree.cells[cell.parent as usize];
-                    let s = [
-                        cell.centre[0] - parent.centre[0],
-                        cell.centre[1] - parent.centre[1],
-                        cell.centre[2] - parent.centre[2],
-                    ];
-                    let off = cell.parent as usize * len;
-                    expansion::l2l(p, s, &above[off..off + len], local, scratch);
-                },
-            );
-        }
-    }
-
-    /// Splits the sorted output arrays into one (acc, pot) slice pair per leaf.
-    fn leaf_slices<'a>(
-        tree: &Tree,
-        acc: &'a mut [[f64; 3]],
-        pot: &'a mut [f64],
-    ) -> Vec<LeafOutput<'a>> {
-        let mut out = Vec::with_capacity(tree.leaves.len());
-        let (mut acc, mut pot) = (acc, pot);
-        for &leaf in &tree.leaves {
-            let n = tree.cells[leaf as usize].count();
-            let (a, ra) = acc.split_at_mut(n);
-            let (p, rp) = pot.split_at_mut(n);
-            out.push((leaf, a, p));
-            acc = ra;
-            pot = rp;
-        }
-        out
-    }
-
-    /// Evaluates each leaf's local expansion at its particles.
-    fn l2p_pass(&mut self, len: usize) {
-        let g = self.settings.g;
-        let (tree, locals, ops) = (&self.tree, &self.locals, &self.ops);
-        let targets = &self.targets;
-        Self::leaf_slices(tree, &mut self.acc, &mut self.pot)
-            .into_par_iter()
-            .filter(|(leaf, _, _)| targets.get(*leaf as usize) != Some(&false))
-            .for_each(|(leaf, acc, pot)| {
-                let cell = &tree.cells[leaf as usize];
-                let local = &locals[leaf as usize * len..(leaf as usize + 1) * len];
-                let particles = &tree.pos[cell.begin as usize..cell.end as usize];
-                for (b, x) in particles.chunks(M2L_LANES).enumerate() {
-                    let y = std::array::from_fn(|w| {
-                        x.get(w).map_or([0.0; 3], |x| sub(*x, cell.centre))
-                    });
-                    let out = ops.l2p_batch(&y, local);
-                    for (w, o) in out.iter().take(x.len()).enumerate() {
-                        let k = b * M2L_LANES + w;
-                        acc[k] = [g * o[1], g * o[2], g * o[3]];
-                        pot[k] = -g * o[0];
-                    }
-                }
-            });
-    }
-
-    /// Adds the near field; returns the particle interactions evaluated.
-    fn p2p_pass(&mut self) -> u64 {
-        let (tree, list, near) = (&self.tree, &self.p2p, &self.near);
-        Self::leaf_slices(tree, &mut self.acc, &mut self.pot)
-            .into_par_iter()
-            .map_init(NearScratch::default, |scratch, (leaf, acc, pot)| {
-                near.leaf(tree, leaf, list.of(leaf as usize), scratch, acc, pot);
-                let n = tree.cells[leaf as usize].count() as u64;
-                list.of(leaf as usize)
-                    .map(|s| n * tree.cells[s as usize].count() as u64)
-                    .sum::<u64>()
-            })
-            .sum()
-    }
-}
-
-/// What a device needs to run the FMM passes of the last evaluation (design §7: the tree and
-/// the lists are built on the host and copied over in one transfer): the sorted particles,
-/// the cells, and the M2L and P2P lists as the walk left them. It borrows the solver's own
-/// arrays (particles, leaves, lists), so making one copies only the per-cell columns and
-/// the leaf of each particle.
-#[derive(Debug, Clone)]
-pub struct DevicePlan<'a> {
-    /// Expansion order.
-    pub order: usize,
-    /// Particle positions in tree order: the rank's own, then those that came with other
-    /// ranks' cells (sources only). Empty when they stay on the device (a plan from
-    /// `plan_sorted` without positions).
-    pub pos: &'a [[f64; 3]],
-    /// Masses in the same order (or none, with `pos`).
-    pub mass: &'a [f64],
-    /// The rank's own particles (the first of `pos`), which receive forces.
-    pub own_particles: usize,
-    /// The rank's own cells (the first of the cell arrays); the others came from other
-    /// ranks and are sources only.
-    pub own_cells: usize,
-    /// Every cell's multipole (`(order + 1) (order + 2)` values each) when other ranks' cells
-    /// came (a distributed evaluation), whose own cells' the host computed unless
-    /// `upward_on_device` (zero placeholders then, as are the other ranks' cells' when the
-    /// devices move them); `None`: the device computes them (P2M, M2M).
-    pub multipoles: Option<&'a [f64]>,
-    /// The device computes the own cells' multipoles (P2M, M2M): always without
-    /// `multipoles`, and with them when the host left them to it.
-    pub upward_on_device: bool,
-    /// Tree order → the caller's index (own particles).
-    pub order_of: &'a [u32],
-    /// Expansion centre of each cell (own and received); zeros when `moments_on_device`.
-    pub centre: Vec<[f64; 3]>,
-    /// Set when the cells' moments stayed on the device that computed them and walked the
-    /// tree (`DeviceTree::cell_moments`): its centres are the ones to use, `centre` holds
-    /// none.
-    pub moments_on_device: bool,
-    /// First particle of each cell.
-    pub begin: Vec<u32>,
-    /// One past the last particle of each cell.
-    pub end: Vec<u32>,
-    /// First child of each cell (children contiguous).
-    pub first_child: Vec<u32>,
-    /// Children of each cell (0 for a leaf).
-    pub child_count: Vec<u32>,
-    /// Parent of each cell (the root its own).
-    pub parent: Vec<u32>,
-    /// Own cells of level l: `level_start[l]..level_start[l + 1]`.
-    pub level_start: Vec<u32>,
-    /// Own leaf cells, in particle order.
-    pub leaves: &'a [u32],
-    /// The leaf of each own particle (tree order); empty with `pos` (the device that holds
-    /// the particles finds their leaves).
-    pub leaf_of: Vec<u32>,
-    /// M2L sources of own cell c: `m2l_sources[start..start + len]` with
-    /// `(start, len) = unpack(m2l_spans[c])` (the high and low 32 bits). The walk writes each
-    /// cell's sources in one piece, wherever its thread found room, so the spans are in no
-    /// particular order, while each cell's sources are in increasing index.
-    pub m2l_spans: &'a [u64],
-    /// See `m2l_spans`: every entry belongs to one cell's span.
-    pub m2l_sources: &'a [u32],
-    /// P2P source leaves of own leaf c (self included), as `m2l_spans` (indexed by cell).
-    pub p2p_spans: &'a [u64],
-    /// See `p2p_spans`.
-    pub p2p_sources: &'a [u32],
-    /// Set when the lists were walked on the device and stay there (`DeviceTree::walk`):
-    /// the spans and sources above are then empty.
-    pub device_lists: Option<DeviceLists>,
-}
-
-impl DevicePlan<'_> {
-    /// Particles of the plan, own and received, whether or not their positions are in it.
-    pub fn particles(&self) -> usize {
-        self.pos.len().max(self.own_particles)
-    }
-
-    /// The M2L sources of own cell `c` (lists in the plan: not `device_lists`).
-    pub fn m2l_of(&self, c: usize) -> &[u32] {
-        span(self.m2l_spans[c], self.m2l_sources)
-    }
-
-    /// The P2P source leaves of own leaf `c` (a cell index; lists in the plan).
-    pub fn p2p_of(&self, c: usize) -> &[u32] {
-        span(self.p2p_spans[c], self.p2p_sources)
-    }
-
-    /// Particle pairs the P2P lists make (self-pairs of a leaf included).
-    pub fn p2p_interactions(&self) -> u64 {
-        if let Some(lists) = self.device_lists {
-            return lists.p2p_interactions;
-        }
-        let count = |c: u32| u64::from(self.end[c as usize] - self.begin[c as usize]);
-        self.leaves
-            .iter()
-            .map(|&leaf| {
-                let sources: u64 = self.p2p_of(leaf as usize).iter().map(|&c| count(c)).sum();
-                count(leaf) * sources
-            })
-            .sum()
-    }
 }
 
 /// Why there is no device plan.
@@ -1214,12 +783,6 @@ fn no_device_plan() -> GravityError {
     GravityError::Device(
         "a device plan needs at least one particle and one softening length for all".into(),
     )
-}
-
-/// The entries of `sources` that `packed` (`pack(start, len)`) names.
-fn span(packed: u64, sources: &[u32]) -> &[u32] {
-    let (start, len) = unpack(packed);
-    &sources[start as usize..(start + len) as usize]
 }
 
 impl FmmSolver {
@@ -1280,215 +843,6 @@ impl FmmSolver {
             p2p_sources: &self.p2p.sources,
             device_lists: self.device_lists,
         })
-    }
-}
-
-/// Accelerations and potentials of a plan's own particles (tree order, G applied) from
-/// passes run on a device, and the seconds of each phase.
-#[derive(Debug, Clone, Default)]
-pub struct DeviceForces {
-    /// Accelerations.
-    pub acc: Vec<[f64; 3]>,
-    /// Potentials.
-    pub pot: Vec<f64>,
-    /// Seconds by phase.
-    pub seconds: DeviceSeconds,
-}
-
-impl DeviceForces {
-    /// Writes the forces back in the caller's order (`order_of` of the plan), only for the
-    /// particles flagged in `active` when given.
-    pub fn write_to(
-        &self,
-        order_of: &[u32],
-        active: Option<&[bool]>,
-        acc: &mut [[f64; 3]],
-        pot: &mut [f64],
-    ) {
-        for (sorted, &orig) in order_of.iter().enumerate() {
-            let i = orig as usize;
-            if active.is_none_or(|a| a[i]) {
-                acc[i] = self.acc[sorted];
-                pot[i] = self.pot[sorted];
-            }
-        }
-    }
-}
-
-/// Seconds of one device evaluation by phase.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct DeviceSeconds {
-    /// Host → device copies.
-    pub upload: f64,
-    /// P2M and M2M.
-    pub upward: f64,
-    /// M2L.
-    pub m2l: f64,
-    /// L2L and L2P.
-    pub downward: f64,
-    /// P2P.
-    pub p2p: f64,
-    /// Device → host copies.
-    pub download: f64,
-}
-
-impl DeviceSeconds {
-    /// Adds these seconds to the host's phases of `stats` (copies count with the pass they
-    /// feed).
-    pub fn add_to(&self, stats: &mut FmmStats) {
-        stats.seconds.upward += self.upload + self.upward;
-        stats.seconds.m2l += self.m2l;
-        stats.seconds.downward += self.downward;
-        stats.seconds.p2p += self.p2p + self.download;
-    }
-}
-
-/// Runs the passes of a `DevicePlan` away from the host's FMM: on a GPU
-/// (`gpu::GpuFmm`), or in tests under the kernels' CPU emulation.
-pub trait DevicePasses: Send {
-    /// The forces of `plan`, in buffers sized at least by `caps`.
-    fn run_passes(
-        &mut self,
-        plan: &DevicePlan,
-        caps: &Caps,
-        softening: Softening,
-        g: f64,
-    ) -> Result<DeviceForces, GravityError>;
-
-    /// Whether `run_passes_with_payload` moves a distributed evaluation's LET payload
-    /// between the ranks' devices.
-    fn moves_payload(&self) -> bool {
-        false
-    }
-
-    /// As `run_passes`, for a plan whose other ranks' multipoles, positions and masses are
-    /// placeholders: first this rank's device sends every rank what `routes` says, from
-    /// its own cells and particles in the plan, and puts what it receives in its place,
-    /// through the devices' own link or `comm` (every rank calls this together).
-    fn run_passes_with_payload(
-        &mut self,
-        _plan: &DevicePlan,
-        _caps: &Caps,
-        _force: (Softening, f64),
-        _routes: &PayloadRoutes,
-        _comm: &dyn Communicator,
-    ) -> Result<DeviceForces, GravityError> {
-        Err(GravityError::Device(
-            "this device does not move a LET payload".into(),
-        ))
-    }
-
-    /// The device as the keeper of its rank's particles between evaluations, when it can be.
-    fn resident(&mut self) -> Option<&mut dyn ResidentPasses> {
-        None
-    }
-}
-
-/// A device that keeps one rank's particles between a distributed run's evaluations
-/// (design §7): the integrator's operations run there (as `ResidentState`'s); at each
-/// evaluation the positions come down for the host's decomposition, tree and walk, the
-/// velocities of the particles leaving the rank come down too, the rank's new set is
-/// arranged there as `distributed::decomposition::migrate` arranges the host's, and the
-/// passes read the positions and masses there and leave the forces there.
-pub trait ResidentPasses: Send {
-    /// Takes `particles` onto the device (their order is the device's from now on).
-    fn load(&mut self, particles: &Particles) -> Result<(), GravityError>;
-
-    /// `v += a h` there.
-    fn kick(&mut self, h: f64) -> Result<(), GravityError>;
-
-    /// `x += v h` there.
-    fn drift(&mut self, h: f64) -> Result<(), GravityError>;
-
-    /// `v += a h[k]` there for the k-th particle of `rows`, or of all without them.
-    fn kick_each(&mut self, rows: Option<&[u32]>, h: &[f64]) -> Result<(), GravityError>;
-
-    /// The accelerations there into `acc`, or with `only` those of the listed particles.
-    fn accelerations(
-        &mut self,
-        acc: &mut [[f64; 3]],
-        only: Option<&[u32]>,
-    ) -> Result<(), GravityError>;
-
-    /// The largest |a| of each component's particles there.
-    fn max_acceleration_by_component(&mut self) -> Result<[f64; 4], GravityError>;
-
-    /// The sums behind the diagnostics' conserved quantities of the particles there.
-    fn conserved_sums(
-        &mut self,
-    ) -> Result<[f64; crate::integrate::diagnostics::CONSERVED_SUMS], GravityError>;
-
-    /// Positions, velocities, accelerations and potentials back into `particles`.
-    fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError>;
-
-    /// The positions there into `pos`.
-    fn positions(&mut self, pos: &mut [[f64; 3]]) -> Result<(), GravityError>;
-
-    /// The velocities of the particles of `rows` into those rows of `vel` (the particles
-    /// about to leave the rank; the other rows stay as they were).
-    fn velocities(&mut self, rows: &[u32], vel: &mut [[f64; 3]]) -> Result<(), GravityError>;
-
-    /// The rank's new set after `migrate`: the particles of `stays` (rows, in order) keep
-    /// their state there, and `particles`' rows after them (the arrivals) come up with
-    /// zero accelerations and potentials.
-    fn migrate(&mut self, stays: &[u32], particles: &Particles) -> Result<(), GravityError>;
-
-    /// The passes of `plan` (its own particles those there, gathered into tree order; the
-    /// other ranks' from the plan, or moved by the devices with `payload`, as in
-    /// `DevicePasses::run_passes_with_payload`), with the forces left there.
-    fn run_passes_resident(
-        &mut self,
-        plan: &DevicePlan,
-        caps: &Caps,
-        force: (Softening, f64),
-        payload: Option<(&PayloadRoutes, &dyn Communicator)>,
-    ) -> Result<DeviceSeconds, GravityError>;
-}
-
-/// Diagnostics columns of an FMM evaluation: (name, summed between rows).
-const STAT_COLUMNS: [(&str, bool); 12] = [
-    ("fmm_retries", true),
-    ("fmm_cells", false),
-    ("fmm_m2l_pairs", false),
-    ("fmm_p2p_pairs", false),
-    ("fmm_cap_m2l_pairs", false),
-    ("fmm_cap_p2p_pairs", false),
-    ("fmm_tree_s", true),
-    ("fmm_upward_s", true),
-    ("fmm_traversal_s", true),
-    ("fmm_m2l_s", true),
-    ("fmm_downward_s", true),
-    ("fmm_p2p_s", true),
-];
-
-impl FmmStats {
-    /// Names of the diagnostics columns of `solver_stats`.
-    pub fn stat_names() -> Vec<&'static str> {
-        STAT_COLUMNS.iter().map(|c| c.0).collect()
-    }
-
-    /// The figures as diagnostics columns.
-    pub fn solver_stats(&self) -> Vec<SolverStat> {
-        SolverStat::columns(&STAT_COLUMNS, &self.values())
-    }
-
-    /// The figures in `STAT_COLUMNS` order.
-    fn values(&self) -> [f64; 12] {
-        let s = &self.seconds;
-        [
-            self.retries as f64,
-            self.cells as f64,
-            self.used.m2l_pairs as f64,
-            self.used.p2p_pairs as f64,
-            self.caps.m2l_pairs as f64,
-            self.caps.p2p_pairs as f64,
-            s.tree,
-            s.upward,
-            s.traversal,
-            s.m2l,
-            s.downward,
-            s.p2p,
-        ]
     }
 }
 

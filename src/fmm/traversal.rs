@@ -104,6 +104,12 @@ pub fn unpack(pair: u64) -> (u32, u32) {
     ((pair >> 32) as u32, pair as u32)
 }
 
+/// The entries of `sources` that `packed` (`pack(start, len)`) names.
+pub fn span(packed: u64, sources: &[u32]) -> &[u32] {
+    let (start, len) = unpack(packed);
+    &sources[start as usize..(start + len) as usize]
+}
+
 /// Entries a walk task collects before reserving room in a shared buffer.
 const LOCAL_BATCH: usize = 1024;
 

@@ -6,8 +6,8 @@
 //! GPU needs (issue target: ≤ 1 KB, so that 1e8 particles fit on an H200), which needs no
 //! GPU to compute.
 
+use crate::fmm::backend::DevicePlan;
 use crate::fmm::caps::Caps;
-use crate::fmm::solver::DevicePlan;
 use crate::integrate::diagnostics::CONSERVED_SUMS;
 
 /// Number of f64 buffers (`DeviceLengths::f64_counts`).

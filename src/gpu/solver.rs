@@ -13,11 +13,11 @@
 use super::{DeviceState, GpuError, GpuFmm};
 use crate::distributed::driver::{RankStats, rank_stat_names};
 use crate::fmm::FmmSolver;
+use crate::fmm::FmmStats;
+use crate::fmm::backend::{DeviceLists, DevicePlan, DeviceSeconds, DeviceTree};
 use crate::fmm::caps::Caps;
 use crate::fmm::morton::BoundingCube;
-use crate::fmm::solver::{
-    DeviceLists, DevicePlan, DeviceSeconds, DeviceTree, Evaluation, FmmStats,
-};
+use crate::fmm::solver::Evaluation;
 use crate::fmm::traversal::Mac;
 use crate::fmm::tree::{CellColumns, CellsOverflow, MOMENT_VALUES, SortedParticles, Tree};
 use crate::gravity::{
@@ -243,7 +243,7 @@ impl GpuSolver {
         s: DeviceSeconds,
         start: Instant,
     ) -> ForceReport {
-        s.add_to(&mut stats);
+        stats.add_device_seconds(&s);
         stats.p2p_interactions = plan.p2p_interactions();
         let mut figures = stats.solver_stats();
         figures.extend(RankStats::alone(plan.own_particles).solver_stats());

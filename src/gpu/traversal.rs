@@ -7,8 +7,8 @@ use super::sort::{
     OFFSETS_THREADS, WALK_CACHE, WALK_CHUNK, WALK_QUEUE, WALK_RETRY_CHUNK, WALK_RING_BYTES,
     WALK_SHORT_QUEUE,
 };
+use crate::fmm::backend::DeviceLists;
 use crate::fmm::caps::Caps;
-use crate::fmm::solver::DeviceLists;
 use crate::fmm::traversal::Mac;
 use crate::fmm::tree::Tree;
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};

@@ -10,8 +10,8 @@ use super::sort::{
     RADIX_BITS, RADIX_THREADS, SCAN_BLOCKS, SCAN_THREADS, SCAN_VALUES, cube_of_bounds, sort_blocks,
 };
 use super::state::DeviceState;
+use crate::fmm::backend::DevicePlan;
 use crate::fmm::morton::BoundingCube;
-use crate::fmm::solver::DevicePlan;
 use crate::fmm::tree::{
     CellColumns, CellsOverflow, MOMENT_VALUES, SortSummary, SortedParticles, Tree,
 };
