@@ -3,7 +3,8 @@
 //! `cargo bench --bench direct`; figures go to docs/benchmarks.md.
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use leapfmm::gravity::{DirectSummation, GravitySolver, Softening, SofteningKernel};
+use leapfmm::gravity::direct::DirectSummation;
+use leapfmm::gravity::{GravitySolver, Softening, SofteningKernel};
 use leapfmm::ics::{self, ModelFile};
 use std::hint::black_box;
 use std::path::Path;

@@ -20,5 +20,6 @@ pub mod memory;
 pub mod particles;
 pub mod progress;
 pub mod simulation;
+pub mod source;
 pub mod sum;
 pub mod units;

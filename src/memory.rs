@@ -66,29 +66,6 @@ pub fn device_bytes(n: u64, ranks: usize, devices: usize) -> u64 {
     per_rank.saturating_mul(per_device)
 }
 
-/// Memory this process may still use: the smaller of the kernel's `MemAvailable` and the
-/// room left under a cgroup (container, batch job) limit; `None` where neither is known.
-pub fn available_host() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
-    let available = meminfo.as_deref().and_then(|text| {
-        text.lines()
-            .find_map(|l| l.strip_prefix("MemAvailable:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    });
-    let read = |name: &str| {
-        std::fs::read_to_string(format!("/sys/fs/cgroup/{name}"))
-            .ok()
-            .and_then(|t| t.trim().parse::<u64>().ok())
-    };
-    let cgroup =
-        read("memory.max").map(|max| max.saturating_sub(read("memory.current").unwrap_or(0)));
-    match (available, cgroup) {
-        (Some(a), Some(c)) => Some(a.min(c)),
-        (a, c) => a.or(c),
-    }
-}
-
 fn gb(bytes: u64) -> String {
     format!("{:.1} GB", bytes as f64 / GIB)
 }

@@ -249,12 +249,12 @@ fn per_component_softening_matches_direct_summation_on_any_rank_count() {
         epsilon: 0.1,
     };
     let mut reference = p.clone();
-    leapfmm::gravity::DirectSummation::new(g, soft)
+    leapfmm::gravity::direct::DirectSummation::new(g, soft)
         .with_component_softening(Some(table))
         .compute(&mut reference)
         .unwrap();
     let mut uniform = p.clone();
-    leapfmm::gravity::DirectSummation::new(g, soft)
+    leapfmm::gravity::direct::DirectSummation::new(g, soft)
         .compute(&mut uniform)
         .unwrap();
     let disk = p.indices_of(Component::Disk);

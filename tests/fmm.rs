@@ -426,7 +426,7 @@ fn partial_evaluations_do_not_shrink_the_caps_the_full_ones_need() {
 /// the direct solver and on the FMM in both near-field precisions, for both kernels.
 #[test]
 fn coincident_particles_feel_the_kernels_central_potential() {
-    use leapfmm::gravity::DirectSummation;
+    use leapfmm::gravity::direct::DirectSummation;
     use leapfmm::particles::{Component, Particles};
     let eps = 0.01;
     for kernel in [SofteningKernel::Plummer, SofteningKernel::Spline] {

@@ -180,8 +180,9 @@ fn value_type(before: &str, name: &str) -> Option<String> {
 }
 
 /// The files of src/gpu/ that hold the kernel table and launch kernels.
-const DEVICE_FILES: [&str; 6] = [
+const DEVICE_FILES: [&str; 7] = [
     "context.rs",
+    "buffers.rs",
     "state.rs",
     "tree.rs",
     "traversal.rs",

@@ -4,7 +4,8 @@
 mod common;
 
 use common::repo;
-use leapfmm::gravity::{DirectSummation, GravitySolver, Softening};
+use leapfmm::gravity::direct::DirectSummation;
+use leapfmm::gravity::{GravitySolver, Softening};
 use leapfmm::ics::{self, ModelFile};
 use leapfmm::integrate::diagnostics::Conserved;
 use leapfmm::particles::Particles;

@@ -1,7 +1,8 @@
 //! Radial profiles of particle sets.
 
+use crate::gravity::direct::DirectSummation;
 use crate::gravity::direct::SourceSet;
-use crate::gravity::{DirectSummation, Softening, SofteningKernel};
+use crate::gravity::{Softening, SofteningKernel};
 use crate::particles::{Component, Particles};
 
 /// (spherical radius, mass) of the `component` particles, by increasing radius.

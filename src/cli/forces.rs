@@ -339,7 +339,7 @@ fn on_gpu(
     cpu_acc: &[[f64; 3]],
     args: &ForcesArgs,
 ) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
-    use leapfmm::gpu::GpuFmm;
+    use leapfmm::gpu::context::GpuFmm;
     let plan = solver
         .device_plan()
         .context("the GPU passes need one softening length for all particles")?;
@@ -403,11 +403,11 @@ fn distributed_on_gpu(
     presets: Option<PresetsStore>,
 ) -> Result<(Vec<[f64; 3]>, Vec<f64>)> {
     use leapfmm::fmm::backend::DevicePasses;
-    use leapfmm::gpu::GpuFmm;
+    use leapfmm::gpu::context::GpuFmm;
     use leapfmm::gravity::GravityError;
     let info = leapfmm::gpu::backend::probe().map_err(anyhow::Error::msg)?;
     let cache = leapfmm::gpu::kernel_cache();
-    let device_err = |e: leapfmm::gpu::GpuError| GravityError::Device(e.to_string());
+    let device_err = |e: leapfmm::gpu::error::GpuError| GravityError::Device(e.to_string());
     let open = |comm: &dyn Communicator| -> Result<Box<dyn DevicePasses>, GravityError> {
         let mut gpu = GpuFmm::open(comm.rank() % info.devices.max(1), cache.as_deref())
             .map_err(device_err)?;
@@ -486,7 +486,7 @@ fn report_gpu_difference(gpu_acc: &[[f64; 3]], cpu_acc: &[[f64; 3]], what: &str)
 /// moments, flags and lists to the bit, or an error.
 #[cfg(feature = "cuda")]
 fn device_tree_order(
-    gpu: &mut leapfmm::gpu::GpuFmm,
+    gpu: &mut leapfmm::gpu::context::GpuFmm,
     particles: &Particles,
     plan: &leapfmm::fmm::backend::DevicePlan,
     settings: &leapfmm::fmm::FmmSettings,

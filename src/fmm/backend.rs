@@ -234,7 +234,7 @@ pub struct DeviceSeconds {
 }
 
 /// Runs the passes of a `DevicePlan` away from the host's FMM: on a GPU
-/// (`gpu::GpuFmm`), or in tests under the kernels' CPU emulation.
+/// (`gpu::context::GpuFmm`), or in tests under the kernels' CPU emulation.
 pub trait DevicePasses: Send {
     /// The forces of `plan`, in buffers sized at least by `caps`.
     fn run_passes(

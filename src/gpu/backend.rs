@@ -3,6 +3,8 @@
 //! the GPU backend can do, else the CPU, and says why; `cuda` insists and fails with the
 //! reason. Never touches CUDA on a machine without its driver (cudarc would panic).
 
+#[cfg(feature = "cuda")]
+use super::error::GpuError;
 use crate::config::Backend;
 
 /// A CUDA device found on this machine.
@@ -53,11 +55,34 @@ impl Chosen {
 /// no NVRTC to compile the kernels for it).
 #[cfg(feature = "cuda")]
 pub fn probe() -> Result<DeviceInfo, String> {
-    let device = super::context::probe(0).map_err(|e| e.to_string())?;
+    let device = device_info(0).map_err(|e| e.to_string())?;
     if !super::nvrtc::available() {
         return Err(super::nvrtc::KernelError::NoNvrtc.to_string());
     }
     Ok(device)
+}
+
+/// GPU `ordinal` of this machine: `NoDriver` or `NoDevice` when there is none (without
+/// touching CUDA when its driver library is absent).
+#[cfg(feature = "cuda")]
+pub fn device_info(ordinal: usize) -> Result<DeviceInfo, GpuError> {
+    // SAFETY: only tries to open the shared library.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(GpuError::NoDriver);
+    }
+    let devices = cudarc::driver::CudaContext::device_count()?;
+    if devices <= ordinal as i32 {
+        return Err(GpuError::NoDevice);
+    }
+    let ctx = cudarc::driver::CudaContext::new(ordinal)?;
+    let (major, minor) = ctx.compute_capability()?;
+    Ok(DeviceInfo {
+        ordinal,
+        name: ctx.name()?,
+        arch: format!("sm_{major}{minor}"),
+        memory_bytes: ctx.total_mem()?,
+        devices: devices as usize,
+    })
 }
 
 /// Without the `cuda` feature there is never a device.

@@ -1,58 +1,21 @@
 //! The opened CUDA device (design §7): `GpuFmm` with its kernel table (compiled by NVRTC,
-//! `nvrtc`), the errors of the GPU backend, page-locked staging for downloads, device buffers
-//! reused between evaluations (`Reused`), launch shapes, and `probe`. What runs on it is in
-//! the files named for each concern, beside their CPU counterparts' names: `state`
-//! (resident particles, kick, drift, sums), `tree` (keys, sort, split, moments),
-//! `traversal` (the walk), `passes` (plan upload, P2M … P2P) and `payload` (LET moves).
+//! `nvrtc`, or loaded from the cache), its stream and the buffers it keeps (`buffers`), and
+//! the launch shapes. What runs on it is in the files named for each concern, beside their
+//! CPU counterparts' names: `state` (resident particles, kick, drift, sums), `tree` (keys,
+//! sort, split, moments), `traversal` (the walk), `passes` (plan upload, P2M … P2P) and
+//! `payload` (LET moves). Errors are `error`'s; finding a device is `backend::device_info`.
 
+use super::buffers::{
+    Buffers, HostStage, MomentsBuffers, PayloadBuffers, SortBuffers, WalkBuffers,
+};
+use super::error::GpuError;
 use super::memory::{M2L_ROTATED_ORDER, THREADS_PER_BLOCK, TRANSLATE_THREADS};
 use super::nccl::NcclLink;
-use super::nvrtc::{KernelError, compile_all};
-use super::passes::Buffers;
-use super::payload::PayloadBuffers;
-use super::traversal::WalkBuffers;
-use super::tree::{MomentsBuffers, SortBuffers};
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, CudaView, DeviceRepr, DriverError,
-    LaunchConfig, PinnedHostSlice, ValidAsZeroBits,
-};
+use super::nvrtc::compile_all;
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig};
 use cudarc::nvrtc::Ptx;
 use std::path::Path;
 use std::sync::Arc;
-
-/// Why the device backend cannot run.
-#[derive(Debug, thiserror::Error)]
-pub enum GpuError {
-    /// No CUDA driver library on this machine.
-    #[error("no CUDA driver (libcuda.so.1) on this machine")]
-    NoDriver,
-    /// The driver reports no device.
-    #[error("the CUDA driver reports no GPU")]
-    NoDevice,
-    /// The device has no memory left for a buffer.
-    #[error(
-        "the GPU's memory is full (CUDA_ERROR_OUT_OF_MEMORY): run fewer particles per GPU (more GPUs or ranks), or on the CPU (--backend cpu)"
-    )]
-    OutOfMemory,
-    /// A driver call failed.
-    #[error("CUDA: {0}")]
-    Driver(String),
-    /// The kernels could not be compiled.
-    #[error(transparent)]
-    Kernels(#[from] KernelError),
-    /// The evaluation cannot run on the device (e.g. per-particle softening).
-    #[error("{0}")]
-    Unsupported(String),
-}
-
-impl From<DriverError> for GpuError {
-    fn from(e: DriverError) -> Self {
-        match e.0 {
-            cudarc::driver::sys::CUresult::CUDA_ERROR_OUT_OF_MEMORY => GpuError::OutOfMemory,
-            _ => GpuError::Driver(format!("{e:?}")),
-        }
-    }
-}
 
 pub(super) const BLOCK: u32 = THREADS_PER_BLOCK;
 
@@ -82,66 +45,6 @@ pub struct GpuFmm {
     pub(super) link: Option<NcclLink>,
     /// Page-locked host memory the forces of `evaluate` come down through.
     pub(super) stage: HostStage,
-}
-
-/// Page-locked host memory that downloads go through: from pageable memory the driver
-/// copies in pieces through a staging buffer of its own, several times slower (the forces
-/// of `forces --backend cuda` at 1e7 took 0.2–0.3 s on an H200). Grown when a download
-/// needs more, kept between downloads; if the driver cannot lock that much, downloads go
-/// to pageable memory as before.
-#[derive(Default)]
-pub(super) struct HostStage {
-    pub(super) values: Option<PinnedHostSlice<f64>>,
-    /// Whether locking memory failed (not tried again).
-    pub(super) refused: bool,
-}
-
-impl HostStage {
-    /// Copies `src` into `out` (as long) through the stage; returns when it is there.
-    pub(super) fn download(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        src: &CudaView<'_, f64>,
-        out: &mut [f64],
-    ) -> Result<(), GpuError> {
-        let n = out.len();
-        if src.len() != n {
-            return Err(GpuError::Unsupported(format!(
-                "a download of {} values into {n}",
-                src.len()
-            )));
-        }
-        if !self.refused && self.values.as_ref().is_none_or(|v| v.len() < n) {
-            // Free the old one first: the new one may need the room.
-            self.values = None;
-            let grown = (n as f64 * BUFFER_GROWTH).ceil() as usize;
-            // SAFETY: the stage's values are read only where a copy has written them.
-            match unsafe {
-                stream
-                    .context()
-                    .alloc_pinned_with_flags::<f64>(grown.max(1), 0)
-            } {
-                Ok(v) => self.values = Some(v),
-                Err(_) => self.refused = true,
-            }
-        }
-        match &mut self.values {
-            Some(stage) => {
-                // Into the first n values only: cudarc copies as many values as the host
-                // side holds, and the stage is larger than `src` (read past its end, the
-                // buffer's neighbour or unmapped memory).
-                let values = &mut stage.as_mut_slice()?[..n];
-                stream.memcpy_dtoh(src, values)?;
-                stream.synchronize()?;
-                out.copy_from_slice(values);
-            }
-            None => {
-                stream.memcpy_dtoh(src, out)?;
-                stream.synchronize()?;
-            }
-        }
-        Ok(())
-    }
 }
 
 /// The loaded kernels.
@@ -185,87 +88,6 @@ pub(super) struct Kernels {
     pub(super) gather_rows: CudaFunction,
 }
 
-/// Growth of a device buffer that is too small: like the caps', so that a run reallocates
-/// a few times at most.
-const BUFFER_GROWTH: f64 = 2.0;
-
-/// A state rebuilt by a migration has room for 1/SPARE_ROOM more particles than it holds:
-/// a rank's count moves a little from step to step.
-pub(super) const SPARE_ROOM: usize = 8;
-
-/// One device array kept between evaluations, reallocated only when an evaluation needs
-/// more than it holds.
-pub(super) struct Reused<T> {
-    pub(super) buf: CudaSlice<T>,
-}
-
-impl<T: DeviceRepr + ValidAsZeroBits> Reused<T> {
-    pub(super) fn new(stream: &Arc<CudaStream>, count: usize) -> Result<Self, GpuError> {
-        Ok(Reused {
-            buf: stream.alloc_zeros::<T>(count.max(1))?,
-        })
-    }
-
-    /// Room for `count` values: a new allocation `BUFFER_GROWTH` times larger when the
-    /// current one is too small (the old one freed first).
-    pub(super) fn room(&mut self, stream: &Arc<CudaStream>, count: usize) -> Result<(), GpuError> {
-        self.room_at_most(stream, count, usize::MAX)
-    }
-
-    /// Room for `count` values, as `room` but grown to no more than `most` (nor less than
-    /// `count`).
-    pub(super) fn room_at_most(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        count: usize,
-        most: usize,
-    ) -> Result<(), GpuError> {
-        if self.buf.len() < count {
-            self.buf = stream.alloc_zeros::<T>(1)?;
-            let grown = ((count as f64 * BUFFER_GROWTH).ceil() as usize)
-                .min(most)
-                .max(count);
-            self.buf = stream.alloc_zeros::<T>(grown)?;
-        }
-        Ok(())
-    }
-
-    /// Room for `count` values, keeping the first `keep`: as `room`, with those copied over
-    /// when the buffer is reallocated.
-    pub(super) fn room_keeping(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        count: usize,
-        keep: usize,
-    ) -> Result<(), GpuError> {
-        if self.buf.len() < count {
-            let grown = (count as f64 * BUFFER_GROWTH).ceil() as usize;
-            let mut larger = stream.alloc_zeros::<T>(grown)?;
-            if keep > 0 {
-                stream.memcpy_dtod(&self.buf.slice(0..keep), &mut larger.slice_mut(0..keep))?;
-            }
-            self.buf = larger;
-        }
-        Ok(())
-    }
-
-    /// Copies `data` to the front of the buffer (which `room` has made large enough).
-    pub(super) fn upload(&mut self, stream: &Arc<CudaStream>, data: &[T]) -> Result<(), GpuError> {
-        if !data.is_empty() {
-            stream.memcpy_htod(data, &mut self.buf)?;
-        }
-        Ok(())
-    }
-
-    /// Zeroes the first `count` values.
-    pub(super) fn zero(&mut self, stream: &Arc<CudaStream>, count: usize) -> Result<(), GpuError> {
-        if count > 0 {
-            stream.memset_zeros(&mut self.buf.slice_mut(0..count))?;
-        }
-        Ok(())
-    }
-}
-
 pub(super) fn grid(count: usize) -> LaunchConfig {
     LaunchConfig {
         grid_dim: ((count as u32).div_ceil(BLOCK).max(1), 1, 1),
@@ -288,34 +110,12 @@ pub(super) fn flat(v: &[[f64; 3]]) -> Vec<f64> {
     v.iter().flatten().copied().collect()
 }
 
-/// GPU `ordinal` of this machine: `NoDriver` or `NoDevice` when there is none (without
-/// touching CUDA when its driver library is absent).
-pub fn probe(ordinal: usize) -> Result<super::backend::DeviceInfo, GpuError> {
-    // SAFETY: only tries to open the shared library.
-    if !unsafe { cudarc::driver::sys::is_culib_present() } {
-        return Err(GpuError::NoDriver);
-    }
-    let devices = CudaContext::device_count()?;
-    if devices <= ordinal as i32 {
-        return Err(GpuError::NoDevice);
-    }
-    let ctx = CudaContext::new(ordinal)?;
-    let (major, minor) = ctx.compute_capability()?;
-    Ok(super::backend::DeviceInfo {
-        ordinal,
-        name: ctx.name()?,
-        arch: format!("sm_{major}{minor}"),
-        memory_bytes: ctx.total_mem()?,
-        devices: devices as usize,
-    })
-}
-
 impl GpuFmm {
     /// Opens device `ordinal`, compiles (or loads from `cache`) the kernels for its
     /// architecture. A machine without the CUDA driver gets `GpuError::NoDriver`, never a
     /// panic.
     pub fn open(ordinal: usize, cache: Option<&Path>) -> Result<Self, GpuError> {
-        let info = probe(ordinal)?;
+        let info = super::backend::device_info(ordinal)?;
         let ctx = CudaContext::new(ordinal)?;
         let arch = info.arch;
         let device = format!("{} ({arch})", info.name);

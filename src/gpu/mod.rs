@@ -4,7 +4,11 @@
 
 pub mod backend;
 #[cfg(feature = "cuda")]
+pub mod buffers;
+#[cfg(feature = "cuda")]
 pub mod context;
+#[cfg(feature = "cuda")]
+pub mod error;
 pub mod memory;
 #[cfg(feature = "cuda")]
 pub mod nccl;
@@ -25,11 +29,6 @@ pub mod state;
 pub mod traversal;
 #[cfg(feature = "cuda")]
 pub mod tree;
-
-#[cfg(feature = "cuda")]
-pub use context::{GpuError, GpuFmm};
-#[cfg(feature = "cuda")]
-pub use state::DeviceState;
 
 /// Where compiled kernels are cached: `LEAPFMM_KERNEL_CACHE` (a folder, or `off` for no
 /// cache: a machine whose HOME cannot be written), else `$HOME/.cache/leapfmm/kernels`

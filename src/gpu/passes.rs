@@ -7,15 +7,15 @@
 //! emulation (tests/gpu_kernels.rs, tests/gpu_emulated.rs); scripts/gpu-check.sh checks them
 //! on a lent GPU (docs/benchmarks.md).
 
-use super::context::{GpuError, GpuFmm, Kernels, Reused, grid, per_cell};
+use super::buffers::{Buffers, MomentsBuffers, WalkBuffers};
+use super::context::{GpuFmm, Kernels, grid, per_cell};
+use super::error::GpuError;
 use super::memory::{
     DeviceLengths, M2L_ROTATED_ORDER, M2L_ROTATED_THREADS, M2L_SMALL_ORDER, M2L_THREADS,
     P2P_THREADS,
 };
 use super::payload::move_payload;
 use super::state::DeviceState;
-use super::traversal::WalkBuffers;
-use super::tree::MomentsBuffers;
 use crate::distributed::comm::Communicator;
 use crate::distributed::payload::PayloadRoutes;
 use crate::fmm::backend::{DeviceForces, DevicePasses, DevicePlan, DeviceSeconds};
@@ -25,121 +25,6 @@ use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, Softening
 use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
 use std::sync::Arc;
 use std::time::Instant;
-
-/// The device buffers of the force evaluations, in `DeviceLengths`' order.
-pub(super) struct Buffers {
-    pub(super) pos: Reused<f64>,
-    pub(super) mass: Reused<f64>,
-    pub(super) acc: Reused<f64>,
-    pub(super) pot: Reused<f64>,
-    pub(super) centre: Reused<f64>,
-    pub(super) multipoles: Reused<f64>,
-    pub(super) locals: Reused<f64>,
-    pub(super) leaf_of: Reused<u32>,
-    pub(super) order_of: Reused<u32>,
-    pub(super) begin: Reused<u32>,
-    pub(super) end: Reused<u32>,
-    pub(super) first_child: Reused<u32>,
-    pub(super) child_count: Reused<u32>,
-    pub(super) parent: Reused<u32>,
-    pub(super) all: Reused<u32>,
-    pub(super) parents: Reused<u32>,
-    pub(super) m2l_sources: Reused<u32>,
-    pub(super) leaves: Reused<u32>,
-    pub(super) p2p_sources: Reused<u32>,
-    pub(super) m2l_spans: Reused<u64>,
-    pub(super) p2p_spans: Reused<u64>,
-    /// Host side: where each level's cells with children start in `parents`, and how many
-    /// (the per-level M2M launches of the last uploaded plan).
-    pub(super) parent_levels: Vec<(usize, usize)>,
-}
-
-impl Buffers {
-    pub(super) fn new(stream: &Arc<CudaStream>, lengths: &DeviceLengths) -> Result<Self, GpuError> {
-        let [pos, mass, acc, pot, centre, multipoles, locals] = lengths.f64_counts();
-        let [
-            leaf_of,
-            order_of,
-            begin,
-            end,
-            first_child,
-            child_count,
-            parent,
-            all,
-            parents,
-            m2l_sources,
-            leaves,
-            p2p_sources,
-        ] = lengths.u32_counts();
-        let [m2l_spans, p2p_spans] = lengths.u64_counts();
-        Ok(Buffers {
-            pos: Reused::new(stream, pos)?,
-            mass: Reused::new(stream, mass)?,
-            acc: Reused::new(stream, acc)?,
-            pot: Reused::new(stream, pot)?,
-            centre: Reused::new(stream, centre)?,
-            multipoles: Reused::new(stream, multipoles)?,
-            locals: Reused::new(stream, locals)?,
-            leaf_of: Reused::new(stream, leaf_of)?,
-            order_of: Reused::new(stream, order_of)?,
-            begin: Reused::new(stream, begin)?,
-            end: Reused::new(stream, end)?,
-            first_child: Reused::new(stream, first_child)?,
-            child_count: Reused::new(stream, child_count)?,
-            parent: Reused::new(stream, parent)?,
-            all: Reused::new(stream, all)?,
-            parents: Reused::new(stream, parents)?,
-            m2l_sources: Reused::new(stream, m2l_sources)?,
-            leaves: Reused::new(stream, leaves)?,
-            p2p_sources: Reused::new(stream, p2p_sources)?,
-            m2l_spans: Reused::new(stream, m2l_spans)?,
-            p2p_spans: Reused::new(stream, p2p_spans)?,
-            parent_levels: Vec::new(),
-        })
-    }
-
-    /// Grows what is too small for `lengths`.
-    pub(super) fn fit(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        lengths: &DeviceLengths,
-    ) -> Result<(), GpuError> {
-        let f64s = [
-            &mut self.pos,
-            &mut self.mass,
-            &mut self.acc,
-            &mut self.pot,
-            &mut self.centre,
-            &mut self.multipoles,
-            &mut self.locals,
-        ];
-        for (b, count) in f64s.into_iter().zip(lengths.f64_counts()) {
-            b.room(stream, count)?;
-        }
-        let u32s = [
-            &mut self.leaf_of,
-            &mut self.order_of,
-            &mut self.begin,
-            &mut self.end,
-            &mut self.first_child,
-            &mut self.child_count,
-            &mut self.parent,
-            &mut self.all,
-            &mut self.parents,
-            &mut self.m2l_sources,
-            &mut self.leaves,
-            &mut self.p2p_sources,
-        ];
-        for (b, count) in u32s.into_iter().zip(lengths.u32_counts()) {
-            b.room(stream, count)?;
-        }
-        let u64s = [&mut self.m2l_spans, &mut self.p2p_spans];
-        for (b, count) in u64s.into_iter().zip(lengths.u64_counts()) {
-            b.room(stream, count)?;
-        }
-        Ok(())
-    }
-}
 
 impl GpuFmm {
     /// The forces of `plan` on the device, in buffers kept from the previous evaluation

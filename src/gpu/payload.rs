@@ -3,23 +3,14 @@
 //! other ranks' plans — through NCCL when every rank has its own GPU (`connect_ranks`), else
 //! staged through the host.
 
-use super::context::{GpuError, GpuFmm, Kernels, Reused, grid};
+use super::buffers::{Buffers, PayloadBuffers, Reused};
+use super::context::{GpuFmm, Kernels, grid};
+use super::error::GpuError;
 use super::nccl::NcclLink;
-use super::passes::Buffers;
 use crate::distributed::comm::Communicator;
 use crate::distributed::payload::PayloadRoutes;
 use cudarc::driver::{CudaStream, PushKernelArg};
 use std::sync::Arc;
-
-/// The gathered LET payload this rank's device sends (`PayloadRoutes`): every rank's part,
-/// one after the other.
-pub(super) struct PayloadBuffers {
-    pub(super) rows: Reused<u32>,
-    pub(super) particles: Reused<u32>,
-    pub(super) multipoles: Reused<f64>,
-    pub(super) pos: Reused<f64>,
-    pub(super) mass: Reused<f64>,
-}
 
 impl GpuFmm {
     /// Joins the ranks of `comm` (all call this together) in NCCL for the LET payload when

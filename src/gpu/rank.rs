@@ -5,8 +5,9 @@
 //! the tree, the walk and the LET; a migration brings down only the leaving particles'
 //! velocities and rearranges the rest on the device.
 
+use super::context::GpuFmm;
 use super::solver::{device_error, not_loaded};
-use super::{DeviceState, GpuFmm};
+use super::state::DeviceState;
 use crate::distributed::comm::Communicator;
 use crate::distributed::payload::PayloadRoutes;
 use crate::fmm::backend::{DeviceForces, DevicePasses, DevicePlan, DeviceSeconds, ResidentPasses};

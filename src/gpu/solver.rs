@@ -10,7 +10,9 @@
 //! (`GravitySolver::compute`, the first evaluation before the state is loaded) the host
 //! builds the tree and lists (`FmmSolver::plan`), positions go up and forces come down.
 
-use super::{DeviceState, GpuError, GpuFmm};
+use super::context::GpuFmm;
+use super::error::GpuError;
+use super::state::DeviceState;
 use crate::distributed::driver::{RankStats, rank_stat_names};
 use crate::fmm::FmmSolver;
 use crate::fmm::FmmStats;

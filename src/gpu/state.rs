@@ -3,7 +3,9 @@
 //! ranks, kick (global and per-particle steps), drift, the step criterion's maxima and the
 //! conserved sums, and downloads of positions, velocities and accelerations.
 
-use super::context::{BLOCK, GpuError, GpuFmm, Reused, SPARE_ROOM, flat, grid};
+use super::buffers::{Reused, SPARE_ROOM};
+use super::context::{BLOCK, GpuFmm, flat, grid};
+use super::error::GpuError;
 use super::memory::resident_f64_counts;
 use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;

@@ -2,7 +2,9 @@
 //! lists are built there and stay for the passes (`walk`), with a download for checks
 //! (`walked_lists`).
 
-use super::context::{GpuError, GpuFmm, Reused, grid};
+use super::buffers::{Reused, WalkBuffers};
+use super::context::{GpuFmm, grid};
+use super::error::GpuError;
 use super::sort::{
     OFFSETS_THREADS, WALK_CACHE, WALK_CHUNK, WALK_QUEUE, WALK_RETRY_CHUNK, WALK_RING_BYTES,
     WALK_SHORT_QUEUE,
@@ -11,8 +13,7 @@ use crate::fmm::backend::DeviceLists;
 use crate::fmm::caps::Caps;
 use crate::fmm::traversal::Mac;
 use crate::fmm::tree::Tree;
-use cudarc::driver::{CudaStream, LaunchConfig, PushKernelArg};
-use std::sync::Arc;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// Lists a device walk made, downloaded (`GpuFmm::walked_lists`): each cell's sources are
 /// `sources[start..start + len]` with `(start, len)` the high and low halves of its span.
@@ -25,65 +26,6 @@ pub struct WalkedLists {
     pub p2p_spans: Vec<u64>,
     /// P2P sources.
     pub p2p_sources: Vec<u32>,
-}
-
-/// The device buffers of the walk (`GpuFmm::walk`; `super::sort::walk_bytes` and
-/// `WALK_RING_BYTES` count those besides the lists and the handed sources): its M2L and P2P
-/// lists, which the passes then read, and its working arrays.
-pub(super) struct WalkBuffers {
-    pub(super) m2l_sources: Reused<u32>,
-    pub(super) m2l_spans: Reused<u64>,
-    pub(super) p2p_sources: Reused<u32>,
-    pub(super) p2p_spans: Reused<u64>,
-    /// Sources deferred by one level and handed to the next, and where each cell's are:
-    /// level l writes side l % 2 and reads the other.
-    pub(super) deferred: [Reused<u32>; 2],
-    pub(super) deferred_spans: [Reused<u64>; 2],
-    pub(super) counts: Reused<u32>,
-    /// A level's three list totals, gathered from `counts` for one download.
-    pub(super) totals: Reused<u32>,
-    pub(super) pairs: Reused<u64>,
-    pub(super) ring: Reused<u32>,
-    /// The entries a level's counting pass keeps, `WALK_CACHE` per target, and how many
-    /// each target kept (walk.cu: `WALK_UNCACHED` when they did not fit).
-    pub(super) cache: Reused<u32>,
-    pub(super) cache_len: Reused<u32>,
-    /// The targets whose short rings filled up (launched again with long rings), and those
-    /// whose long rings did too; how many of each.
-    pub(super) retry: [Reused<u32>; 2],
-    pub(super) retry_count: [Reused<u32>; 2],
-    /// The cells a walk for some targets only walks for (a block sub-step's), level by
-    /// level.
-    pub(super) targets: Reused<u32>,
-    pub(super) problems: Reused<u32>,
-}
-
-impl WalkBuffers {
-    /// Buffers for a tree of `cells` cells, with room for the lists `caps` expects.
-    pub(super) fn new(
-        stream: &Arc<CudaStream>,
-        cells: usize,
-        caps: &Caps,
-    ) -> Result<Self, GpuError> {
-        Ok(WalkBuffers {
-            m2l_sources: Reused::new(stream, caps.m2l_pairs)?,
-            m2l_spans: Reused::new(stream, cells)?,
-            p2p_sources: Reused::new(stream, caps.p2p_pairs)?,
-            p2p_spans: Reused::new(stream, cells)?,
-            deferred: [Reused::new(stream, cells)?, Reused::new(stream, cells)?],
-            deferred_spans: [Reused::new(stream, cells)?, Reused::new(stream, cells)?],
-            counts: Reused::new(stream, 3 * (cells + 1))?,
-            totals: Reused::new(stream, 3)?,
-            pairs: Reused::new(stream, cells)?,
-            ring: Reused::new(stream, 0)?,
-            cache: Reused::new(stream, 0)?,
-            cache_len: Reused::new(stream, 0)?,
-            retry: [Reused::new(stream, cells)?, Reused::new(stream, cells)?],
-            retry_count: [Reused::new(stream, 1)?, Reused::new(stream, 1)?],
-            targets: Reused::new(stream, 0)?,
-            problems: Reused::new(stream, 1)?,
-        })
-    }
 }
 
 impl GpuFmm {

@@ -4,19 +4,19 @@
 //! the split into cells (`split_cells`) and the cells' moments (`cell_moments`: the host gets
 //! each cell's mass, centre and radius).
 
-use super::context::{GpuError, GpuFmm, Reused, grid};
+use super::buffers::{MomentsBuffers, SortBuffers};
+use super::context::{GpuFmm, grid};
+use super::error::GpuError;
 use super::sort::{
-    ANCESTOR_THREADS, BOUNDS_BLOCKS, BOUNDS_FIELDS, BOUNDS_THREADS, LEVEL_SLOTS, OFFSETS_THREADS,
-    RADIX_BITS, RADIX_THREADS, SCAN_BLOCKS, SCAN_THREADS, SCAN_VALUES, cube_of_bounds, sort_blocks,
+    ANCESTOR_THREADS, BOUNDS_BLOCKS, BOUNDS_THREADS, LEVEL_SLOTS, OFFSETS_THREADS, RADIX_BITS,
+    RADIX_THREADS, SCAN_BLOCKS, SCAN_THREADS, SCAN_VALUES, cube_of_bounds, sort_blocks,
 };
 use super::state::DeviceState;
-use crate::fmm::backend::DevicePlan;
 use crate::fmm::morton::BoundingCube;
 use crate::fmm::tree::{
     CellColumns, CellsOverflow, MOMENT_VALUES, SortSummary, SortedParticles, Tree,
 };
-use cudarc::driver::{CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
-use std::sync::Arc;
+use cudarc::driver::{LaunchConfig, PushKernelArg};
 
 /// What `GpuFmm::sort_resident` found.
 #[derive(Debug, Clone, Copy)]
@@ -28,155 +28,6 @@ pub struct DeviceSort {
     /// False when a run of equal keys was too long for the device to order by id
     /// (`RUN_LIMIT` in split.cu): the host must (`download_sorted`, `Tree::adopt_sorted`).
     pub runs_ordered: bool,
-}
-
-/// The device buffers of the sort into tree order (`GpuFmm::sort_resident`;
-/// `super::sort::sort_bytes` counts them), grown with the particles.
-pub(super) struct SortBuffers {
-    pub(super) bounds: CudaSlice<f64>,
-    pub(super) keys: [Reused<u64>; 2],
-    pub(super) index: [Reused<u32>; 2],
-    pub(super) counts: Reused<u32>,
-    pub(super) pos: Reused<f64>,
-    pub(super) mass: Reused<f64>,
-    /// `sort_scan`'s sums for the checks.
-    pub(super) scan: Reused<u64>,
-    /// Runs of equal keys too long for `order_equal_runs`.
-    pub(super) long_runs: Reused<u32>,
-}
-
-impl SortBuffers {
-    /// Buffers for `n` particles.
-    pub(super) fn new(stream: &Arc<CudaStream>, n: usize) -> Result<Self, GpuError> {
-        Ok(SortBuffers {
-            bounds: stream.alloc_zeros::<f64>(BOUNDS_FIELDS * BOUNDS_BLOCKS as usize)?,
-            keys: [Reused::new(stream, n)?, Reused::new(stream, n)?],
-            index: [Reused::new(stream, n)?, Reused::new(stream, n)?],
-            counts: Reused::new(stream, RADIX_THREADS as usize * sort_blocks(n))?,
-            pos: Reused::new(stream, 3 * n)?,
-            mass: Reused::new(stream, n)?,
-            scan: Reused::new(stream, SCAN_VALUES)?,
-            long_runs: Reused::new(stream, 1)?,
-        })
-    }
-
-    /// Room for `n` particles.
-    pub(super) fn fit(&mut self, stream: &Arc<CudaStream>, n: usize) -> Result<(), GpuError> {
-        for keys in &mut self.keys {
-            keys.room(stream, n)?;
-        }
-        for index in &mut self.index {
-            index.room(stream, n)?;
-        }
-        self.counts
-            .room(stream, RADIX_THREADS as usize * sort_blocks(n))?;
-        self.pos.room(stream, 3 * n)?;
-        self.mass.room(stream, n)
-    }
-}
-
-/// The device buffers of the cells' moments (`GpuFmm::cell_moments`;
-/// `super::sort::moments_bytes` counts them), grown with the tree.
-pub(super) struct MomentsBuffers {
-    pub(super) begin: Reused<u32>,
-    pub(super) end: Reused<u32>,
-    pub(super) first_child: Reused<u32>,
-    pub(super) child_count: Reused<u32>,
-    pub(super) parent: Reused<u32>,
-    pub(super) leaves: Reused<u32>,
-    pub(super) level_start: Reused<u32>,
-    pub(super) leaf_of: Reused<u32>,
-    pub(super) mass: Reused<f64>,
-    pub(super) centre: Reused<f64>,
-    pub(super) r2: Reused<u64>,
-    pub(super) out: Reused<f64>,
-    /// Per cell of a level, its children, then their prefix sums (`split_cells`).
-    pub(super) split_counts: Reused<u32>,
-    /// A block sub-step's active rows, their marks (a byte per particle) and the flags of
-    /// the cells holding them (a byte per cell: `GpuFmm::cells_holding`).
-    pub(super) rows: Reused<u32>,
-    pub(super) marked: Reused<u8>,
-    pub(super) flags: Reused<u8>,
-}
-
-impl MomentsBuffers {
-    /// Buffers for `cells` cells over `n` particles.
-    pub(super) fn new(stream: &Arc<CudaStream>, n: usize, cells: usize) -> Result<Self, GpuError> {
-        Ok(MomentsBuffers {
-            begin: Reused::new(stream, cells)?,
-            end: Reused::new(stream, cells)?,
-            first_child: Reused::new(stream, cells)?,
-            child_count: Reused::new(stream, cells)?,
-            parent: Reused::new(stream, cells)?,
-            leaves: Reused::new(stream, cells)?,
-            level_start: Reused::new(stream, LEVEL_SLOTS)?,
-            leaf_of: Reused::new(stream, n)?,
-            mass: Reused::new(stream, cells)?,
-            centre: Reused::new(stream, 3 * cells)?,
-            r2: Reused::new(stream, cells)?,
-            out: Reused::new(stream, MOMENT_VALUES * cells)?,
-            split_counts: Reused::new(stream, cells + 1)?,
-            rows: Reused::new(stream, 0)?,
-            marked: Reused::new(stream, 0)?,
-            flags: Reused::new(stream, 0)?,
-        })
-    }
-
-    /// The per-cell columns of the tree's structure: range, first child, child count,
-    /// parent.
-    fn cell_columns(&mut self) -> [&mut Reused<u32>; 5] {
-        [
-            &mut self.begin,
-            &mut self.end,
-            &mut self.first_child,
-            &mut self.child_count,
-            &mut self.parent,
-        ]
-    }
-
-    /// Whether these buffers have room for the tree of `plan` (own cells only) and its
-    /// leaves: a plan whose tree `cell_moments` left here finds its centres, columns and
-    /// leaves in them.
-    pub(super) fn holds(&self, plan: &DevicePlan) -> bool {
-        let (cells, leaves) = (plan.centre.len(), plan.leaves.len());
-        let columns = [
-            &self.begin,
-            &self.end,
-            &self.first_child,
-            &self.child_count,
-            &self.parent,
-        ];
-        cells == plan.own_cells
-            && columns.iter().all(|c| c.buf.len() >= cells)
-            && self.centre.buf.len() >= 3 * cells
-            && self.leaves.buf.len() >= leaves
-    }
-
-    /// Room for `cells` cells over `n` particles in `levels` levels.
-    pub(super) fn fit(
-        &mut self,
-        stream: &Arc<CudaStream>,
-        n: usize,
-        cells: usize,
-        levels: usize,
-    ) -> Result<(), GpuError> {
-        for b in [
-            &mut self.begin,
-            &mut self.end,
-            &mut self.first_child,
-            &mut self.child_count,
-            &mut self.parent,
-            &mut self.leaves,
-        ] {
-            b.room(stream, cells)?;
-        }
-        self.level_start.room(stream, levels + 1)?;
-        self.leaf_of.room(stream, n)?;
-        self.mass.room(stream, cells)?;
-        self.centre.room(stream, 3 * cells)?;
-        self.r2.room(stream, cells)?;
-        self.out.room(stream, MOMENT_VALUES * cells)
-    }
 }
 
 impl GpuFmm {

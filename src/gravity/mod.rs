@@ -15,7 +15,6 @@ use crate::particles::Particles;
 use rayon::prelude::*;
 use thiserror::Error;
 
-pub use direct::DirectSummation;
 pub use softening::{Softening, SofteningKernel};
 
 /// What one force evaluation cost.

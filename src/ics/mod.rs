@@ -8,8 +8,8 @@ pub mod hernquist;
 pub mod plummer;
 pub mod sampling;
 
-use crate::config::{ConfigError, SourceText};
 use crate::particles::{Component, Particles};
+use crate::source::{ConfigError, SourceText};
 use crate::units::UnitSystem;
 pub use sampling::Share;
 use serde::{Deserialize, Serialize};

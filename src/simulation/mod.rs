@@ -15,6 +15,10 @@
 //! steps and block cycles); `outputs` writes logs, snapshots and checkpoints; `resume` reads
 //! a run folder back; `signals` stops a run cleanly.
 
+mod error;
+mod folder;
+mod logs;
+mod options;
 mod outputs;
 mod resume;
 mod setup;
@@ -22,195 +26,26 @@ mod signals;
 mod state;
 mod stepping;
 
-use crate::config::{ConfigError, IcSource, RunSpec};
-use crate::distributed::comm::{CommError, Communicator, SingleRank, allgatherv, run_thread_ranks};
-use crate::fmm::caps::Caps;
-use crate::gpu::backend::Chosen;
-use crate::gravity::{GravityError, GravitySolver, SolverStat};
-use crate::integrate::diagnostics::PhaseTimes;
-use crate::integrate::timestep::{Timeline, TimestepError};
-use crate::io::checkpoint::CheckpointError;
-use crate::io::inputs::InputsError;
-use crate::io::lock::{LockError, RunLock};
-use crate::io::snapshot::SnapshotError;
-use crate::particles::Particles;
-use crate::progress::Progress;
-use outputs::Logs;
+pub use error::RunError;
+pub use folder::{
+    Checkpoint, RunState, checkpoint_dir, snapshot_dir, snapshot_file, snapshot_path,
+};
+pub use options::{RunOptions, RunOutcome};
 pub use resume::{parse_stored_config, verify_checkpoint};
-use serde::{Deserialize, Serialize};
 pub use setup::{choose_backend, component_softening, make_solver};
 use signals::SignalGuard;
 pub use signals::{EXIT_ABORTED, EXIT_STOPPED};
-use state::Residence;
-use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
-use stepping::BlockFigures;
-use thiserror::Error;
+use state::Simulation;
 
-/// Why a run stopped with an error. Everything already written stays intact.
-#[derive(Debug, Error)]
-pub enum RunError {
-    /// Bad config or model file.
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    /// A snapshot could not be read or written.
-    #[error(transparent)]
-    Snapshot(#[from] SnapshotError),
-    /// A checkpoint could not be read or written.
-    #[error(transparent)]
-    Checkpoint(#[from] CheckpointError),
-    /// The force solver failed.
-    #[error(transparent)]
-    Gravity(#[from] GravityError),
-    /// The time step collapsed.
-    #[error(transparent)]
-    Timestep(#[from] TimestepError),
-    /// The record of the run's inputs could not be made, read or written.
-    #[error(transparent)]
-    Inputs(#[from] InputsError),
-    /// Another process writes the run folder, or its lock failed.
-    #[error(transparent)]
-    Lock(#[from] LockError),
-    /// A file in the run folder could not be written.
-    #[error("{path}: {what}: {reason}")]
-    Io {
-        /// The file or folder.
-        path: PathBuf,
-        /// What was being done.
-        what: &'static str,
-        /// The OS error.
-        reason: String,
-    },
-    /// The run folder's state does not allow what was asked.
-    #[error("{0}")]
-    State(String),
-    /// Ranks could not agree (another rank failed, or a timeout).
-    #[error(transparent)]
-    Communication(#[from] CommError),
-    /// One rank of a multi-rank run failed; the others stopped with it.
-    #[error("rank {rank} of {ranks} failed: {reason}")]
-    Rank {
-        /// The rank that failed first.
-        rank: usize,
-        /// Ranks in the run.
-        ranks: usize,
-        /// Its error.
-        reason: String,
-    },
-}
-
-fn io_err(path: &Path, what: &'static str) -> impl FnOnce(std::io::Error) -> RunError {
-    let path = path.to_path_buf();
-    move |e| RunError::Io {
-        path,
-        what,
-        reason: e.to_string(),
-    }
-}
-
-/// How `run` was asked to behave.
-#[derive(Debug, Clone, Default)]
-pub struct RunOptions {
-    /// Continue from the newest valid checkpoint.
-    pub resume: bool,
-    /// No progress output.
-    pub quiet: bool,
-    /// Thread ranks to split the particles over (0 or 1: one).
-    pub ranks: usize,
-    /// Progress bars shown together (a campaign's): the run's bar joins them.
-    pub group: Option<indicatif::MultiProgress>,
-}
+use crate::config::{IcSource, RunSpec};
+use crate::distributed::comm::{Communicator, SingleRank, run_thread_ranks};
+use crate::gpu::backend::Chosen;
+use crate::gravity::GravitySolver;
+use std::time::Duration;
 
 /// Collective waits of thread ranks give up after this long: a last resort, since a failing
 /// rank stops the others at once.
 const RANK_TIMEOUT: Duration = Duration::from_secs(3600);
-
-/// How a run ended without error.
-#[derive(Debug, Clone, PartialEq)]
-pub enum RunOutcome {
-    /// Reached `t_end`.
-    Finished {
-        /// Total steps.
-        steps: u64,
-        /// Final time.
-        time: f64,
-    },
-    /// `--resume` found the run already at `t_end`.
-    AlreadyFinished {
-        /// Final time.
-        time: f64,
-    },
-    /// A signal stopped the run after writing a checkpoint.
-    Interrupted {
-        /// The signal number.
-        signal: i32,
-        /// Time reached.
-        time: f64,
-        /// The checkpoint written.
-        checkpoint: PathBuf,
-    },
-}
-
-/// Integrator state beyond the particles: everything needed to continue bit-exactly.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct RunState {
-    /// Current tick on the integer timeline.
-    pub ti: u64,
-    /// Steps taken.
-    pub step: u64,
-    /// Length of the last step.
-    pub last_dt: f64,
-    /// Total energy at t = 0.
-    pub energy0: f64,
-    /// Snapshots written so far (the next one's number).
-    pub snapshots_written: u32,
-}
-
-/// What a checkpoint file holds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Checkpoint {
-    /// leapfmm version that wrote it.
-    pub version: String,
-    /// The run config text at the time.
-    pub config_text: String,
-    /// Integrator state.
-    pub state: RunState,
-    /// Particle state (f64), including the accelerations of the last force evaluation.
-    pub particles: Particles,
-    /// The force solver's buffer capacities, so a resumed run needs no retries.
-    pub caps: Option<Caps>,
-    /// Per-particle work the next domain decomposition balances on (runs on several ranks;
-    /// empty otherwise), so a resumed run decomposes exactly as the original would have.
-    pub decomposition_work: Vec<f64>,
-}
-
-/// Folder of the snapshots of a run.
-pub fn snapshot_dir(run_dir: &Path) -> PathBuf {
-    run_dir.join("snapshots")
-}
-
-/// Folder of the checkpoints of a run.
-pub fn checkpoint_dir(run_dir: &Path) -> PathBuf {
-    run_dir.join("checkpoints")
-}
-
-/// Path of snapshot number `index` of a single-rank run (for K ranks, the first file of the
-/// set: `snapshot_file(run_dir, index, 0, K)`).
-pub fn snapshot_path(run_dir: &Path, index: u32) -> PathBuf {
-    snapshot_file(run_dir, index, 0, 1)
-}
-
-/// Path of rank `rank`'s file of snapshot `index` in a run on `ranks` ranks, in GADGET-4's
-/// multi-file naming.
-pub fn snapshot_file(run_dir: &Path, index: u32, rank: usize, ranks: usize) -> PathBuf {
-    if ranks <= 1 {
-        snapshot_dir(run_dir).join(format!("snap_{index:03}.hdf5"))
-    } else {
-        snapshot_dir(run_dir)
-            .join(format!("snapdir_{index:03}"))
-            .join(format!("snap_{index:03}.{rank}.hdf5"))
-    }
-}
 
 /// Runs (or resumes) the run described by `spec` to its end time, on `options.ranks`
 /// thread ranks.
@@ -280,7 +115,7 @@ fn check_memory(
         ranks,
         local_ranks,
         backend,
-        crate::memory::available_host(),
+        crate::io::available_host(),
     )
     .map_err(|reason| RunError::State(format!("{}: {reason}", spec.source.path.display())))
 }
@@ -310,52 +145,16 @@ fn run_rank(
     outcome
 }
 
-/// A run in progress (one rank's part of it).
-struct Simulation<'a> {
-    spec: &'a RunSpec,
-    comm: &'a dyn Communicator,
-    particles: Particles,
-    state: RunState,
-    solver: Box<dyn GravitySolver>,
-    timeline: Timeline,
-    ti_end: u64,
-    snapshot_every: Option<u64>,
-    checkpoint_every: Option<u64>,
-    checkpoint_wall: Duration,
-    last_checkpoint: Instant,
-    /// The run's logs, written by rank 0 only.
-    logs: Option<Logs>,
-    progress: Progress,
-    wall: PhaseTimes,
-    interactions: u64,
-    /// Solver figures since the last diagnostics row.
-    solver_stats: Vec<SolverStat>,
-    /// Block-scheme figures since the last diagnostics row.
-    block: BlockFigures,
-    /// Where the particle state is kept between steps.
-    residence: Residence,
-    /// The run folder's lock (rank 0), held until the run ends.
-    _lock: Option<RunLock>,
-}
-
-/// Makes one rank's failure every rank's (collective): the first rank's reason, in rank
-/// order, or `Ok` when every rank passed.
-fn agree(comm: &dyn Communicator, local: Result<(), String>) -> Result<(), String> {
-    let reason = local.err().unwrap_or_default();
-    let reasons = allgatherv(comm, reason.as_bytes()).map_err(|e| e.to_string())?;
-    match reasons.iter().find(|r| !r.is_empty()) {
-        Some(r) => Err(String::from_utf8_lossy(r).into_owned()),
-        None => Ok(()),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gravity::{ForceReport, ResidentState, active_flags};
+    use crate::fmm::caps::Caps;
+    use crate::gravity::{ForceReport, GravityError, ResidentState, active_flags};
     use crate::integrate::diagnostics::{CONSERVED_SUMS, Conserved};
     use crate::integrate::leapfrog::{drift, kick, kick_each, max_acceleration_by_component};
     use crate::io::snapshot::read_snapshot;
+    use crate::particles::Particles;
+    use std::path::Path;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
 

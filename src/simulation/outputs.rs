@@ -2,61 +2,20 @@
 //! file or a multi-file set) and checkpoints, each written so that nothing already there is
 //! lost.
 
+use super::error::{RunError, agree, io_err};
+use super::folder::{Checkpoint, checkpoint_dir, snapshot_file};
+use super::logs::BlockFigures;
 use super::setup::component_softening;
-use super::stepping::BlockFigures;
-use super::{
-    Checkpoint, RunError, Simulation, agree, checkpoint_dir, io_err, snapshot_dir, snapshot_file,
-};
+use super::state::Simulation;
 use crate::config::{StepScheme, flatten};
 use crate::distributed::comm::{allgatherv, allreduce_max, allreduce_sum};
 use crate::format::short;
-use crate::integrate::diagnostics::{DiagnosticsLog, PhaseTimes, RankLog, Row};
-use crate::io::checkpoint::{self};
+use crate::integrate::diagnostics::{PhaseTimes, Row};
+use crate::io::checkpoint;
 use crate::io::snapshot::{MultiFile, SnapshotInfo, part_type_counts, write_snapshot};
 use crate::particles::Particles;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::time::Instant;
-
-/// `diagnostics.csv`, and `ranks.csv` on more than one rank.
-pub(super) struct Logs {
-    pub(super) diagnostics: DiagnosticsLog,
-    pub(super) ranks: Option<RankLog>,
-}
-
-impl Logs {
-    /// The logs with the solver's columns `names` (in both) and the run's own `extra`
-    /// columns (in diagnostics.csv only).
-    pub(super) fn open(
-        run_dir: &Path,
-        names: &[&str],
-        extra: &[String],
-        ranks: usize,
-        resume_step: Option<u64>,
-    ) -> Result<Self, RunError> {
-        let path = run_dir.join("diagnostics.csv");
-        let all: Vec<&str> = names
-            .iter()
-            .copied()
-            .chain(extra.iter().map(String::as_str))
-            .collect();
-        let diagnostics = match resume_step {
-            Some(step) => DiagnosticsLog::resume(&path, step, &all)
-                .map_err(io_err(&path, "reopening the diagnostics log"))?,
-            None => DiagnosticsLog::create(&path, &all)
-                .map_err(io_err(&path, "creating the diagnostics log"))?,
-        };
-        let ranks = if ranks > 1 {
-            let path = run_dir.join("ranks.csv");
-            Some(
-                RankLog::open(&path, names, resume_step)
-                    .map_err(io_err(&path, "opening the per-rank log"))?,
-            )
-        } else {
-            None
-        };
-        Ok(Logs { diagnostics, ranks })
-    }
-}
 
 impl<'a> Simulation<'a> {
     /// A diagnostics row (collective): global sums, the slowest rank's phase times, and
@@ -260,45 +219,4 @@ fn finite_velocities(p: &Particles) -> Result<(), String> {
         )),
         None => Ok(()),
     }
-}
-
-/// Removes the snapshots numbered `first` and later, in either layout (`snap_NNN.hdf5` of
-/// one rank, `snapdir_NNN/` of several): a resume from a checkpoint taken before them writes
-/// them again, and a stale file (another layout, or a rank beyond the new count) must not
-/// survive beside the new ones.
-pub(super) fn remove_snapshots_from(run_dir: &Path, first: u32) -> Result<(), RunError> {
-    let dir = snapshot_dir(run_dir);
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return Ok(());
-    };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let index = name
-            .strip_prefix("snapdir_")
-            .or_else(|| {
-                name.strip_prefix("snap_")
-                    .and_then(|r| r.strip_suffix(".hdf5"))
-            })
-            .and_then(|i| i.parse::<u32>().ok());
-        if index.is_some_and(|i| i >= first) {
-            let path = entry.path();
-            let removed = if path.is_dir() {
-                std::fs::remove_dir_all(&path)
-            } else {
-                std::fs::remove_file(&path)
-            };
-            removed.map_err(io_err(
-                &path,
-                "removing a snapshot written after the checkpoint",
-            ))?;
-        }
-    }
-    Ok(())
-}
-
-/// Writes a small file via a temporary name so it is never seen half-written.
-pub(super) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), RunError> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).map_err(io_err(&tmp, "writing"))?;
-    std::fs::rename(&tmp, path).map_err(io_err(path, "renaming into place"))
 }

@@ -1,12 +1,14 @@
 //! A run folder met again: its lock, the verdict on what is in it (fresh, resumable, refused),
 //! and the newest valid checkpoint read back and checked against the config and inputs.
 
-use super::{Checkpoint, RunError, RunOptions, RunState, agree, checkpoint_dir, snapshot_dir};
+use super::error::{RunError, agree};
+use super::folder::{Checkpoint, RunState, checkpoint_dir, snapshot_dir};
+use super::options::RunOptions;
 use crate::config::{ConfigError, INPUT_PATH_KEYS, RunConfig, RunSpec, resume_conflicts};
 use crate::distributed::comm::Communicator;
 use crate::fmm::caps::Caps;
 use crate::integrate::timestep::Timeline;
-use crate::io::checkpoint::{self};
+use crate::io::checkpoint;
 use crate::io::inputs::{INPUTS_FILE, RunInputs};
 use crate::io::lock::RunLock;
 use crate::particles::Particles;

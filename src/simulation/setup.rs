@@ -2,13 +2,14 @@
 //! GPU), the initial particles (model or IC file, this rank's share), and the first step
 //! (`Simulation::prepare` and `start`: fresh, or from a checkpoint through `resume`).
 
-use super::outputs::{Logs, remove_snapshots_from, write_atomically};
-use super::resume::{folder_verdict, load_checkpoint, lock_run_folder};
-use super::state::Residence;
-use super::stepping::BlockFigures;
-use super::{
-    RunError, RunOptions, RunState, Simulation, agree, checkpoint_dir, io_err, snapshot_dir,
+use super::error::{RunError, agree, io_err};
+use super::folder::{
+    RunState, checkpoint_dir, remove_snapshots_from, snapshot_dir, write_atomically,
 };
+use super::logs::{BlockFigures, Logs};
+use super::options::RunOptions;
+use super::resume::{folder_verdict, load_checkpoint, lock_run_folder};
+use super::state::{Residence, Simulation};
 use crate::config::{IcSource, RunSpec, SolverKind, StepScheme, whole_multiple};
 use crate::distributed::comm::{Communicator, allgatherv, allreduce_sum};
 use crate::distributed::driver::DistributedFmm;
@@ -17,13 +18,14 @@ use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::presets::PresetsStore;
 use crate::fmm::{FmmSettings, FmmSolver};
 use crate::gpu::backend::{Chosen, DeviceInfo, choose, probe};
-use crate::gravity::{DirectSummation, GravityError, GravitySolver, Softening};
+use crate::gravity::direct::DirectSummation;
+use crate::gravity::{GravityError, GravitySolver, Softening};
 use crate::ics;
 use crate::ics::Share;
 use crate::ics::sampling::{block_moments, centre_on};
 use crate::integrate::diagnostics::PhaseTimes;
 use crate::integrate::timestep::Timeline;
-use crate::io::checkpoint::{self};
+use crate::io::checkpoint;
 use crate::io::inputs::INPUTS_FILE;
 use crate::io::snapshot::read_snapshot;
 use crate::particles::Particles;
@@ -135,7 +137,7 @@ fn gpu_solver<C: Communicator + 'static>(
     device: &DeviceInfo,
 ) -> Result<Box<dyn GravitySolver>, RunError> {
     let ordinal = comm.rank() % device.devices.max(1);
-    let mut gpu = crate::gpu::GpuFmm::open(ordinal, crate::gpu::kernel_cache().as_deref())
+    let mut gpu = crate::gpu::context::GpuFmm::open(ordinal, crate::gpu::kernel_cache().as_deref())
         .map_err(|e| RunError::Gravity(GravityError::Device(e.to_string())))?;
     if comm.size() == 1 {
         return Ok(Box::new(crate::gpu::solver::GpuSolver::new(

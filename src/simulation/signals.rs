@@ -1,7 +1,7 @@
 //! SIGINT and SIGTERM during a run: a handler that lets the current step finish, a
 //! checkpoint, and the exit statuses of a stopped or aborted run.
 
-use super::RunError;
+use super::error::RunError;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 

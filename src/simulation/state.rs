@@ -2,12 +2,49 @@
 //! host or resident on the solver's device: kick, drift, forces, accelerations, maxima for the
 //! step criterion and the conserved sums (`Residence` says where they are).
 
-use super::{RunError, Simulation};
-use crate::distributed::comm::allreduce_sum;
-use crate::gravity::{SolverStat, active_flags};
+use super::error::RunError;
+use super::folder::RunState;
+use super::logs::{BlockFigures, Logs};
+use crate::config::RunSpec;
+use crate::distributed::comm::{Communicator, allreduce_sum};
+use crate::gravity::active_flags;
+use crate::gravity::{GravitySolver, SolverStat};
+use crate::integrate::diagnostics::PhaseTimes;
 use crate::integrate::diagnostics::{CONSERVED_SUMS, Conserved};
 use crate::integrate::leapfrog::{drift, kick, kick_each, max_acceleration_by_component};
-use std::time::Instant;
+use crate::integrate::timestep::Timeline;
+use crate::io::lock::RunLock;
+use crate::particles::Particles;
+use crate::progress::Progress;
+use std::time::{Duration, Instant};
+
+/// A run in progress (one rank's part of it).
+pub(super) struct Simulation<'a> {
+    pub(super) spec: &'a RunSpec,
+    pub(super) comm: &'a dyn Communicator,
+    pub(super) particles: Particles,
+    pub(super) state: RunState,
+    pub(super) solver: Box<dyn GravitySolver>,
+    pub(super) timeline: Timeline,
+    pub(super) ti_end: u64,
+    pub(super) snapshot_every: Option<u64>,
+    pub(super) checkpoint_every: Option<u64>,
+    pub(super) checkpoint_wall: Duration,
+    pub(super) last_checkpoint: Instant,
+    /// The run's logs, written by rank 0 only.
+    pub(super) logs: Option<Logs>,
+    pub(super) progress: Progress,
+    pub(super) wall: PhaseTimes,
+    pub(super) interactions: u64,
+    /// Solver figures since the last diagnostics row.
+    pub(super) solver_stats: Vec<SolverStat>,
+    /// Block-scheme figures since the last diagnostics row.
+    pub(super) block: BlockFigures,
+    /// Where the particle state is kept between steps.
+    pub(super) residence: Residence,
+    /// The run folder's lock (rank 0), held until the run ends.
+    pub(super) _lock: Option<RunLock>,
+}
 
 /// The leapfrog's two operators.
 #[derive(Debug, Clone, Copy)]

@@ -1,65 +1,17 @@
 //! The step loop: `advance` until `t_end` or a signal, one global KDK step (`step`) or one
 //! cycle of the block scheme (`block_cycle`), both over the state interface of `state`.
 
+use super::error::RunError;
+use super::options::RunOutcome;
 use super::setup::component_softening;
 use super::signals::SignalGuard;
-use super::state::Operator;
-use super::{RunError, RunOutcome, Simulation};
+use super::state::{Operator, Simulation};
 use crate::config::StepScheme;
 use crate::distributed::comm::{allgatherv, allreduce_max, allreduce_sum};
 use crate::integrate::block::{Rungs, rung_for, rungs_for};
 use crate::integrate::timestep::{TICKS_PER_DT_MAX, Timeline, criterion_dt};
 use rayon::prelude::*;
 use std::time::Instant;
-
-/// What the block scheme did since the last diagnostics row (summed over ranks).
-#[derive(Debug, Clone, Default)]
-pub(super) struct BlockFigures {
-    /// Particle force evaluations.
-    pub(super) evaluations: u64,
-    /// Those the global scheme would have made at each cycle's shortest step.
-    pub(super) global_evaluations: f64,
-    /// Particles per rung at the start of the last cycle.
-    pub(super) histogram: Vec<u64>,
-    /// Simulation time of the last diagnostics row.
-    pub(super) since: f64,
-}
-
-impl BlockFigures {
-    /// Names of the diagnostics columns for rungs 0..=`deepest`.
-    pub(super) fn names(deepest: u32) -> Vec<String> {
-        let mut names = vec![
-            "force_evaluations".to_string(),
-            "evaluations_per_particle_time".to_string(),
-            "block_saving".to_string(),
-        ];
-        names.extend((0..=deepest).map(|k| format!("rung_{k}")));
-        names
-    }
-
-    /// The columns' values at `time` for `particles` in all.
-    pub(super) fn values(&self, particles: u64, time: f64, deepest: u32) -> Vec<f64> {
-        let e = self.evaluations as f64;
-        let span = time - self.since;
-        let mut v = vec![
-            e,
-            if span > 0.0 {
-                e / (particles as f64 * span)
-            } else {
-                0.0
-            },
-            if e > 0.0 {
-                self.global_evaluations / e
-            } else {
-                1.0
-            },
-        ];
-        v.extend(
-            (0..=deepest as usize).map(|k| self.histogram.get(k).copied().unwrap_or(0) as f64),
-        );
-        v
-    }
-}
 
 impl<'a> Simulation<'a> {
     /// Steps until `t_end` or a signal.
