@@ -13,8 +13,9 @@
 
 use leapfmm::bench::Workload;
 use leapfmm::distributed::comm::{Communicator, ThreadRank, run_thread_ranks};
-use leapfmm::distributed::driver::{DistributedFmm, RankStats};
+use leapfmm::distributed::driver::DistributedFmm;
 use leapfmm::distributed::payload::PayloadRoutes;
+use leapfmm::distributed::stats::RankStats;
 use leapfmm::fmm::FmmSolver;
 use leapfmm::fmm::backend::{DeviceForces, DevicePasses, DevicePlan};
 use leapfmm::fmm::caps::Caps;

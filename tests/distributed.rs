@@ -4,7 +4,8 @@ mod common;
 
 use leapfmm::bench::Workload;
 use leapfmm::distributed::comm::{Communicator, ThreadRank, run_thread_ranks};
-use leapfmm::distributed::driver::{DistributedFmm, RankStats};
+use leapfmm::distributed::driver::DistributedFmm;
+use leapfmm::distributed::stats::RankStats;
 use leapfmm::fmm::caps::{CapKind, Caps, CapsPolicy};
 use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::{FmmSettings, FmmSolver};

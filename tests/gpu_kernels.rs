@@ -1913,7 +1913,7 @@ fn on_three_emulated_ranks(
     payload: bool,
 ) -> Vec<(
     leapfmm::particles::Particles,
-    leapfmm::distributed::driver::RankStats,
+    leapfmm::distributed::stats::RankStats,
 )> {
     use leapfmm::distributed::comm::{Communicator, ThreadRank, run_thread_ranks};
     use leapfmm::distributed::driver::DistributedFmm;

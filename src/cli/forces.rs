@@ -10,9 +10,10 @@ use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
 use leapfmm::distributed::comm::Communicator;
 #[cfg(feature = "mpi")]
 use leapfmm::distributed::driver::evaluate_share;
-use leapfmm::distributed::driver::{GatheredForces, RankFigures, evaluate_on_thread_ranks};
+use leapfmm::distributed::driver::{GatheredForces, evaluate_on_thread_ranks};
 #[cfg(feature = "mpi")]
 use leapfmm::distributed::mpi_rank::MpiRank;
+use leapfmm::distributed::stats::RankFigures;
 use leapfmm::fmm::caps::CapsPolicy;
 use leapfmm::fmm::expansion::MAX_ORDER;
 use leapfmm::fmm::p2p::NearFieldPrecision;

@@ -8,62 +8,24 @@
 //! (`ResidentPasses`) makes the solver a `ResidentState`: the particles stay there between
 //! evaluations, and each evaluation brings their positions down for the host's part.
 
-use super::comm::{
-    Communicator, ThreadRank, allgatherv, allreduce_sum, alltoallv, run_thread_ranks,
-};
+use super::comm::{Communicator, ThreadRank, allgatherv, allreduce_sum, run_thread_ranks};
 use super::decomposition::{Domains, balance, global_cube, migrate};
-use super::let_tree::{
-    ExportWalk, LetPacket, SentGeometry, WirePrecision, decode_geometry, encode_geometry, import,
-};
-use super::payload::{Landing, PayloadRoutes};
+use super::exchange::{Exchange, comm_err};
+use super::stats::{RankFigures, RankStats, rank_stat_names};
 use crate::fmm::FmmStats;
 use crate::fmm::backend::{DevicePasses, ResidentPasses};
-use crate::fmm::caps::{CapKind, Caps, CapsTracker};
-use crate::fmm::p2p::NearFieldPrecision;
+use crate::fmm::caps::{CapKind, Caps};
 use crate::fmm::presets::PresetsStore;
-use crate::fmm::solver::{Evaluation, RemoteSource, RemoteTree};
-use crate::fmm::tree::Tree;
+use crate::fmm::solver::Evaluation;
 use crate::fmm::{FmmSettings, FmmSolver};
 use crate::gravity::{
-    ForceReport, GravityError, GravitySolver, ResidentState, SolverStat, active_flags, check_finite,
+    ForceReport, GravityError, GravitySolver, ResidentState, active_flags, check_finite,
 };
 use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
 use bytemuck::{Pod, Zeroable};
 use rayon::prelude::*;
 use std::time::Instant;
-
-/// What one distributed evaluation did on this rank.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct RankStats {
-    /// Particles on this rank after migration.
-    pub particles: usize,
-    /// Particles that left this rank.
-    pub migrated: usize,
-    /// This rank's work in the evaluation (see `FmmSolver::particle_work`).
-    pub work: f64,
-    /// Largest rank work over mean rank work.
-    pub imbalance: f64,
-    /// LET cells received.
-    pub let_cells: usize,
-    /// LET particles received.
-    pub let_particles: usize,
-    /// Bytes of LET data sent through the host (cells, and unless the devices move them,
-    /// multipoles and particles).
-    pub let_bytes_sent: usize,
-    /// Bytes of LET data received through the host.
-    pub let_bytes_received: usize,
-    /// Bytes of LET payload (multipoles, positions, masses) the devices moved to this rank
-    /// (`super::payload`; 0 when it came through the host).
-    pub payload_bytes_received: usize,
-    /// Bytes of other ranks' tree geometry received: their coarse top trees, the cells
-    /// this rank's exports asked them for, and their 4-byte requests for this rank's cells.
-    pub geometry_bytes_received: usize,
-    /// Seconds in decomposition and migration.
-    pub decomposition_s: f64,
-    /// The local FMM's own figures (exchange time included as `seconds.exchange`).
-    pub fmm: FmmStats,
-}
 
 /// A force solver for one rank of a distributed run.
 pub struct DistributedFmm<C: Communicator> {
@@ -90,215 +52,6 @@ impl<C: Communicator> std::fmt::Debug for DistributedFmm<C> {
             .field("rank", &self.comm.rank())
             .field("size", &self.comm.size())
             .finish()
-    }
-}
-
-/// Cells with at least this many leaves' worth of particles have their children in the
-/// coarse top tree every rank shares: a few hundred cells per rank, while the finer
-/// geometry travels only where another rank's walk needs it.
-const COARSE_LEAVES: usize = 32;
-
-/// The LET exchange of one evaluation, as the FMM's remote source.
-struct Exchange<'a> {
-    comm: &'a dyn Communicator,
-    settings: &'a FmmSettings,
-    stats: RankStats,
-    /// Whether the payload (multipoles, positions, masses) moves between the devices
-    /// (`payload`), which then need `routes`.
-    payload_on_device: bool,
-    routes: Option<PayloadRoutes>,
-}
-
-impl Exchange<'_> {
-    /// How the packets travel: cells only when the devices move the rest, else compressed
-    /// for the mixed-precision near field.
-    fn precision(&self) -> WirePrecision {
-        match (self.payload_on_device, self.settings.near_field) {
-            (true, _) => WirePrecision::CellsOnly,
-            (false, NearFieldPrecision::Mixed) => WirePrecision::Single,
-            (false, NearFieldPrecision::Double) => WirePrecision::Double,
-        }
-    }
-}
-
-/// The routes of the payload of `packets` (what this rank sends each rank, in its order)
-/// and of what it receives, the cells and particles `received` counts from each rank,
-/// which `FmmSolver` appends in rank order after `tree`'s own.
-fn payload_routes(
-    tree: &Tree,
-    packets: &[LetPacket],
-    received: &[(usize, usize)],
-    len: usize,
-) -> PayloadRoutes {
-    let send_particles = packets
-        .iter()
-        .map(|p| {
-            p.cells
-                .iter()
-                .zip(&p.sources)
-                .filter(|(c, _)| c.end > c.begin)
-                .flat_map(|(_, &own)| {
-                    let cell = &tree.cells[own as usize];
-                    cell.begin..cell.end
-                })
-                .collect()
-        })
-        .collect();
-    let (mut first_cell, mut first_particle) = (tree.cells.len(), tree.pos.len());
-    let receive = received
-        .iter()
-        .map(|&(cells, particles)| {
-            let landing = Landing {
-                first_cell,
-                cells,
-                first_particle,
-                particles,
-            };
-            first_cell += cells;
-            first_particle += particles;
-            landing
-        })
-        .collect();
-    PayloadRoutes {
-        len,
-        send_cells: packets.iter().map(|p| p.sources.clone()).collect(),
-        send_particles,
-        receive,
-    }
-}
-
-fn comm_err(e: super::comm::CommError) -> GravityError {
-    GravityError::Communication(e.to_string())
-}
-
-impl RemoteSource for Exchange<'_> {
-    fn quantises_positions(&self) -> bool {
-        self.comm.size() > 1 && self.precision() == WirePrecision::Single
-    }
-
-    fn payload_on_device(&self) -> bool {
-        self.payload_on_device
-    }
-
-    fn remote_trees(
-        &mut self,
-        tree: &Tree,
-        multipoles: &[f64],
-        len: usize,
-        caps: &mut CapsTracker,
-        stats: &mut FmmStats,
-    ) -> Result<Vec<RemoteTree>, GravityError> {
-        let comm = self.comm;
-        let (me, k) = (comm.rank(), comm.size());
-        if k == 1 {
-            return Ok(Vec::new());
-        }
-        let mac = self.settings.mac();
-        // Geometry: every rank's coarse top, then, round by round, the children of the
-        // cells each exporter's walk needs to open.
-        let min_count = COARSE_LEAVES * self.settings.leaf_size.max(1);
-        let (coarse_sent, coarse) = SentGeometry::coarse(tree, min_count);
-        let coarse = allgatherv(comm, &encode_geometry(&coarse)).map_err(comm_err)?;
-        let mut geometry_bytes: usize = (0..k).filter(|&r| r != me).map(|r| coarse[r].len()).sum();
-        let mut sent = vec![coarse_sent; k];
-        let mut walks = Vec::with_capacity(k);
-        for (j, bytes) in coarse.iter().enumerate() {
-            let cells = if j == me {
-                Vec::new()
-            } else {
-                decode_geometry(bytes).map_err(GravityError::Communication)?
-            };
-            walks.push(ExportWalk::new(tree, cells));
-        }
-        loop {
-            let requests: Vec<Vec<u32>> =
-                walks.par_iter_mut().map(|w| w.advance(tree, mac)).collect();
-            let wanted: u64 = requests.iter().map(|r| r.len() as u64).sum();
-            if allreduce_sum(comm, &[wanted]).map_err(comm_err)?[0] == 0 {
-                break;
-            }
-            let asked = alltoallv(comm, &requests).map_err(comm_err)?;
-            let replies = sent
-                .iter_mut()
-                .zip(&asked)
-                .map(|(s, a)| s.children(tree, a).map(|c| encode_geometry(&c)))
-                .collect::<Result<Vec<_>, String>>()
-                .map_err(GravityError::Communication)?;
-            let got = alltoallv(comm, &replies).map_err(comm_err)?;
-            for ((w, r), g) in walks.iter_mut().zip(&requests).zip(&got) {
-                let children = decode_geometry(g).map_err(GravityError::Communication)?;
-                w.add_children(r, &children)
-                    .map_err(GravityError::Communication)?;
-                geometry_bytes += g.len();
-            }
-            geometry_bytes += asked.iter().map(|a| a.len() * 4).sum::<usize>();
-        }
-        self.stats.geometry_bytes_received = geometry_bytes;
-        let packets: Vec<LetPacket> = walks
-            .par_iter()
-            .map(|w| w.finish(tree, multipoles, len))
-            .collect();
-        // Counts first: every receiver checks them against its caps, and all ranks grow and
-        // retry together until the data fits.
-        let counts: Vec<Vec<u64>> = packets
-            .iter()
-            .map(|p| vec![p.cells.len() as u64, p.particles.len() as u64])
-            .collect();
-        let incoming = alltoallv(comm, &counts).map_err(comm_err)?;
-        let need_cells: usize = incoming.iter().map(|c| c[0] as usize).sum();
-        let need_particles: usize = incoming.iter().map(|c| c[1] as usize).sum();
-        loop {
-            let current = caps.caps();
-            let mut overflow = 0u64;
-            for (kind, need) in [
-                (CapKind::LetCells, need_cells),
-                (CapKind::LetParticles, need_particles),
-            ] {
-                if need > current.get(kind) {
-                    stats.overflows[kind as usize] += 1;
-                    caps.grow(kind, need);
-                    overflow = 1;
-                }
-            }
-            if allreduce_sum(comm, &[overflow]).map_err(comm_err)?[0] == 0 {
-                break;
-            }
-            stats.retries += 1;
-        }
-        stats.used = Caps {
-            let_cells: need_cells,
-            let_particles: need_particles,
-            ..stats.used
-        };
-        let precision = self.precision();
-        let out: Vec<Vec<u8>> = packets.iter().map(|p| p.encode(precision)).collect();
-        self.stats.let_bytes_sent = out.iter().map(Vec::len).sum();
-        let incoming = comm.alltoall_bytes(out).map_err(comm_err)?;
-        let mut trees = Vec::new();
-        let mut received = 0;
-        let mut counts = vec![(0, 0); k];
-        for (j, bytes) in incoming.iter().enumerate() {
-            if j == me || bytes.is_empty() {
-                continue;
-            }
-            received += bytes.len();
-            let packet = LetPacket::decode(bytes, precision, walks[j].receiver_cells())
-                .map_err(GravityError::Communication)?;
-            if !packet.cells.is_empty() {
-                counts[j] = (packet.cells.len(), packet.particles.len());
-                trees.push(import(&packet, len));
-            }
-        }
-        if self.payload_on_device {
-            let routes = payload_routes(tree, &packets, &counts, len);
-            self.stats.payload_bytes_received =
-                (0..k).map(|j| 8 * routes.receive_values(j)).sum::<usize>();
-            self.routes = Some(routes);
-        }
-        self.stats.let_bytes_received = received;
-        self.stats.let_cells = need_cells;
-        self.stats.let_particles = need_particles;
-        Ok(trees)
     }
 }
 
@@ -614,62 +367,6 @@ fn caps_from_array(values: &[u64]) -> Caps {
     caps
 }
 
-/// Diagnostics columns of a distributed evaluation beyond the local FMM's: (name, summed
-/// between rows).
-const RANK_COLUMNS: [(&str, bool); 12] = [
-    ("rank_particles", false),
-    ("rank_migrated", true),
-    ("rank_work", false),
-    ("load_imbalance", false),
-    ("let_cells_received", false),
-    ("let_particles_received", false),
-    ("let_bytes_sent", false),
-    ("let_bytes_received", false),
-    ("let_payload_bytes_received", false),
-    ("geometry_bytes_received", false),
-    ("decomposition_s", true),
-    ("exchange_s", true),
-];
-
-/// The names of the rank columns, which a solver on one rank writes too.
-pub fn rank_stat_names() -> impl Iterator<Item = &'static str> {
-    RANK_COLUMNS.iter().map(|c| c.0)
-}
-
-impl RankStats {
-    /// The figures of a solver alone on `particles` particles: no decomposition, no
-    /// traffic, imbalance 1.
-    pub fn alone(particles: usize) -> Self {
-        RankStats {
-            particles,
-            imbalance: 1.0,
-            ..RankStats::default()
-        }
-    }
-
-    /// The rank columns' figures.
-    pub fn solver_stats(&self) -> Vec<SolverStat> {
-        SolverStat::columns(&RANK_COLUMNS, &self.values())
-    }
-
-    fn values(&self) -> [f64; 12] {
-        [
-            self.particles as f64,
-            self.migrated as f64,
-            self.work,
-            self.imbalance,
-            self.let_cells as f64,
-            self.let_particles as f64,
-            self.let_bytes_sent as f64,
-            self.let_bytes_received as f64,
-            self.payload_bytes_received as f64,
-            self.geometry_bytes_received as f64,
-            self.decomposition_s,
-            self.fmm.seconds.exchange,
-        ]
-    }
-}
-
 /// The device of a distributed solver as the keeper of its rank's particles.
 fn resident_passes(
     device: &mut Option<Box<dyn DevicePasses>>,
@@ -842,54 +539,6 @@ pub struct GatheredForces {
     pub pot: Vec<f64>,
     /// `figures[e][r]`: rank r's figures of evaluation e.
     pub figures: Vec<Vec<RankFigures>>,
-}
-
-/// The figures of one rank's evaluation that `leapfmm forces` reports, as plain numbers
-/// that ranks can gather.
-#[repr(C)]
-#[derive(Debug, Clone, Copy, Default, PartialEq, Pod, Zeroable)]
-pub struct RankFigures {
-    /// Particles after migration.
-    pub particles: f64,
-    /// Largest over mean rank work.
-    pub imbalance: f64,
-    /// Seconds in decomposition and migration.
-    pub decomposition_s: f64,
-    /// Seconds in the LET exchange.
-    pub exchange_s: f64,
-    /// Seconds in the local FMM passes.
-    pub local_s: f64,
-    /// Cap retries.
-    pub retries: f64,
-    /// LET cells received.
-    pub let_cells: f64,
-    /// LET particles received.
-    pub let_particles: f64,
-    /// LET bytes received through the host.
-    pub let_bytes_received: f64,
-    /// LET payload bytes the devices moved to the rank.
-    pub payload_bytes_received: f64,
-    /// Top-tree bytes received.
-    pub geometry_bytes_received: f64,
-}
-
-impl From<&RankStats> for RankFigures {
-    fn from(s: &RankStats) -> Self {
-        let t = &s.fmm.seconds;
-        RankFigures {
-            particles: s.particles as f64,
-            imbalance: s.imbalance,
-            decomposition_s: s.decomposition_s,
-            exchange_s: t.exchange,
-            local_s: t.tree + t.upward + t.traversal + t.m2l + t.downward + t.p2p,
-            retries: s.fmm.retries as f64,
-            let_cells: s.let_cells as f64,
-            let_particles: s.let_particles as f64,
-            let_bytes_received: s.let_bytes_received as f64,
-            payload_bytes_received: s.payload_bytes_received as f64,
-            geometry_bytes_received: s.geometry_bytes_received as f64,
-        }
-    }
 }
 
 /// One particle's force on the way back to every rank.

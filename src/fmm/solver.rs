@@ -1,8 +1,8 @@
 //! The FMM force evaluation's orchestration on the CPU: the tree (`tree`), the list-building
 //! walk (`traversal`), then the passes (`passes`: P2M … P2P), with capped buffers, selective
 //! retries and caps carried between evaluations (and across runs through the presets file).
-//! A plan for passes run elsewhere (`device_plan`) follows the interface of `backend`; what
-//! an evaluation reports is `stats`.
+//! A plan for passes run elsewhere (`plan`: `device_plan`) follows the interface of `backend`;
+//! other ranks' trees come in through `remote`; what an evaluation reports is `stats`.
 
 use super::backend::{DeviceLists, DevicePlan, DeviceTree};
 use super::caps::{CapKind, CappedBuffer, Caps, CapsPolicy, CapsTracker};
@@ -10,9 +10,10 @@ use super::expansion::{Operators, real_len};
 use super::morton::BoundingCube;
 use super::p2p::{NearField, NearFieldPrecision};
 use super::presets::{PresetKey, PresetsStore};
+use super::remote::RemoteSource;
 use super::stats::FmmStats;
 use super::traversal::{Mac, Spans, span, unpack, walk};
-use super::tree::{Cell, MOMENT_VALUES, NotSorted, SortedParticles, Tree};
+use super::tree::{MOMENT_VALUES, NotSorted, SortedParticles, Tree};
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, check_finite};
 use crate::particles::Particles;
@@ -77,50 +78,6 @@ impl FmmSettings {
 /// Cost of one M2L in units of one particle–particle interaction (measured: ~100 ns vs
 /// ~0.35 ns per interaction at p = 7 on this CPU), for the load balance.
 const M2L_COST: f64 = 250.0;
-
-/// A locally essential tree received from another rank: `cells[0]` is its root, children
-/// and particle ranges index these vectors, and `multipoles` holds one expansion per cell.
-#[derive(Debug, Clone, Default)]
-pub struct RemoteTree {
-    /// The cells (remote leaves without particles are multipoles never to be opened).
-    pub cells: Vec<Cell>,
-    /// Their multipoles, `real_len(p)` values per cell.
-    pub multipoles: Vec<f64>,
-    /// Particles of the leaves sent with particles.
-    pub pos: Vec<[f64; 3]>,
-    /// Their masses.
-    pub mass: Vec<f64>,
-    /// Their softening lengths (empty when one length serves all).
-    pub eps: Vec<f64>,
-}
-
-/// Supplies the other ranks' locally essential trees once the local tree and its multipoles
-/// exist (the distributed driver's exchange).
-pub trait RemoteSource {
-    /// The remote trees for this rank, given its tree and multipoles (`len` values per cell).
-    /// The exchange receives through buffers capped by `caps` (LET kinds), grows them on
-    /// overflow and retries, and records its retries and use in `stats`.
-    fn remote_trees(
-        &mut self,
-        tree: &Tree,
-        multipoles: &[f64],
-        len: usize,
-        caps: &mut CapsTracker,
-        stats: &mut FmmStats,
-    ) -> Result<Vec<RemoteTree>, GravityError>;
-
-    /// True when other ranks receive this rank's positions rounded (`quantise_position`):
-    /// the evaluation then puts its own particles there for every purpose
-    /// (`Tree::quantise_own_positions`).
-    fn quantises_positions(&self) -> bool;
-
-    /// True when the remote trees come without their multipoles and particles (zero
-    /// placeholders: the devices move them, `crate::distributed::payload`), so the host
-    /// leaves the multipoles of the cells they were sent with unbuilt.
-    fn payload_on_device(&self) -> bool {
-        false
-    }
-}
 
 /// Gives up on buffers that keep overflowing (a growth factor barely above 1).
 fn check_retries(stats: &FmmStats) -> Result<(), GravityError> {
@@ -775,74 +732,6 @@ impl FmmSolver {
             }
             self.saved_caps = Some(caps);
         }
-    }
-}
-
-/// Why there is no device plan.
-fn no_device_plan() -> GravityError {
-    GravityError::Device(
-        "a device plan needs at least one particle and one softening length for all".into(),
-    )
-}
-
-impl FmmSolver {
-    /// The device plan of the last evaluation or plan (an error for one with a softening
-    /// length per particle, or before any). With other ranks' cells appended it carries
-    /// the host's multipoles.
-    pub fn device_plan(&self) -> Result<DevicePlan<'_>, GravityError> {
-        let tree = &self.tree;
-        let cells = tree.own_cells;
-        if cells == 0 || !tree.eps.is_empty() {
-            return Err(no_device_plan());
-        }
-        let remote = tree.cells.len() > cells;
-        let all = &tree.cells;
-        // Leaves are in particle order and cover the own particles: each fills its range.
-        // Particles held on a device (no positions here) have their leaves found there.
-        let held_here = tree.pos.len() >= tree.own_particles;
-        let mut leaf_of = vec![0u32; if held_here { tree.own_particles } else { 0 }];
-        let mut rest = leaf_of.as_mut_slice();
-        let mut ranges = Vec::with_capacity(tree.leaves.len());
-        for &leaf in tree.leaves.iter().filter(|_| held_here) {
-            let c = &all[leaf as usize];
-            debug_assert_eq!(c.begin as usize, tree.own_particles - rest.len());
-            let (range, tail) = rest.split_at_mut((c.end - c.begin) as usize);
-            ranges.push((range, leaf));
-            rest = tail;
-        }
-        ranges
-            .into_par_iter()
-            .with_min_len(64)
-            .for_each(|(range, leaf)| range.fill(leaf));
-        Ok(DevicePlan {
-            order: self.settings.order,
-            pos: &tree.pos,
-            mass: &tree.mass,
-            own_particles: tree.own_particles,
-            own_cells: cells,
-            multipoles: remote.then_some(self.multipoles.as_slice()),
-            upward_on_device: !(remote && self.upward_on_host),
-            order_of: &tree.order,
-            centre: if self.moments_on_device {
-                vec![[0.0; 3]; all.len()]
-            } else {
-                all.par_iter().map(|c| c.centre).collect()
-            },
-            moments_on_device: self.moments_on_device,
-            begin: all.par_iter().map(|c| c.begin).collect(),
-            end: all.par_iter().map(|c| c.end).collect(),
-            first_child: all.par_iter().map(|c| c.first_child).collect(),
-            child_count: all.par_iter().map(|c| u32::from(c.child_count)).collect(),
-            parent: all.par_iter().map(|c| c.parent).collect(),
-            level_start: tree.level_start.iter().map(|&l| l as u32).collect(),
-            leaves: &tree.leaves,
-            leaf_of,
-            m2l_spans: &self.m2l.spans,
-            m2l_sources: &self.m2l.sources,
-            p2p_spans: &self.p2p.spans,
-            p2p_sources: &self.p2p.sources,
-            device_lists: self.device_lists,
-        })
     }
 }
 

@@ -13,7 +13,7 @@
 use super::context::GpuFmm;
 use super::error::GpuError;
 use super::state::DeviceState;
-use crate::distributed::driver::{RankStats, rank_stat_names};
+use crate::distributed::stats::{RankStats, rank_stat_names};
 use crate::fmm::FmmSolver;
 use crate::fmm::FmmStats;
 use crate::fmm::backend::{DeviceLists, DevicePlan, DeviceSeconds, DeviceTree};
