@@ -13,7 +13,6 @@
 //! `cargo bench --bench host_plan` (N = 1e7, ~2.5 GB; `HOST_PLAN_N=1000000` for less);
 //! figures go to docs/benchmarks.md (GPU backend).
 
-use leapfmm::bench::Workload;
 use leapfmm::fmm::FmmStats;
 use leapfmm::fmm::backend::{DeviceLists, DeviceTree};
 use leapfmm::fmm::caps::Caps;
@@ -24,6 +23,7 @@ use leapfmm::fmm::tree::{CellColumns, CellsOverflow, MOMENT_VALUES, SortedPartic
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::GravityError;
 use leapfmm::particles::Particles;
+use leapfmm::workloads::Workload;
 use rayon::prelude::*;
 use std::time::Instant;
 

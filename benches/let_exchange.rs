@@ -11,7 +11,6 @@
 //! `cargo bench --bench let_exchange` (N = 1e6 on 4 ranks; `LET_N`, `LET_RANKS` to change);
 //! figures go to docs/benchmarks.md (GPU backend).
 
-use leapfmm::bench::Workload;
 use leapfmm::distributed::comm::{Communicator, ThreadRank, run_thread_ranks};
 use leapfmm::distributed::driver::DistributedFmm;
 use leapfmm::distributed::payload::PayloadRoutes;
@@ -20,6 +19,7 @@ use leapfmm::fmm::FmmSolver;
 use leapfmm::fmm::backend::{DeviceForces, DevicePasses, DevicePlan};
 use leapfmm::fmm::caps::Caps;
 use leapfmm::gravity::{GravityError, Softening};
+use leapfmm::workloads::Workload;
 use std::time::Duration;
 
 /// Evaluations timed after the first (which finds the caps and the first decomposition).

@@ -9,6 +9,9 @@
 //! also be rerun alone with `leapfmm run`. All of them are validated before any run starts:
 //! a key path that is not in the schema stops the campaign; a value that one run's checks
 //! reject marks that run invalid and the others go ahead.
+//!
+//! Owns the campaign file, the expansion into runs and `summary.md`; each run goes through
+//! `simulation::run`. Must not step particles or write a run's files itself.
 
 use crate::config::{ConfigError, RunSpec, SourceText, location_of};
 use crate::ics::ModelFile;

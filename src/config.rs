@@ -3,6 +3,9 @@
 //! Every problem is reported before any work starts, as one sentence naming the file, the key
 //! (with line:column where the text can be located) and the offending value. Relative paths
 //! inside a config are taken from the current working directory, as in GADGET and SWIFT.
+//!
+//! Owns the run schema and its validation (defaults of the FMM come from `fmm`). Must not
+//! read model files' contents beyond `ics::ModelFile`, or start any work.
 
 use crate::fmm::expansion::MAX_ORDER;
 use crate::fmm::p2p::NearFieldPrecision;
@@ -121,12 +124,7 @@ pub struct GravityConfig {
     pub cap_growth: f64,
 }
 
-/// Default FMM expansion order (see docs/config.md for why not 4).
-pub const DEFAULT_ORDER: usize = 7;
-/// Default FMM opening angle parameter.
-pub const DEFAULT_THETA: f64 = 0.75;
-/// Default FMM leaf size.
-pub const DEFAULT_LEAF_SIZE: usize = 128;
+pub use crate::fmm::solver::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
 
 fn default_order() -> i64 {
     DEFAULT_ORDER as i64

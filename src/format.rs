@@ -1,4 +1,6 @@
 //! Numbers in messages: short enough to read (`1e-300`, not three hundred digits).
+//!
+//! Owns number formatting only; depends on nothing in the crate.
 
 /// `x` as Rust's shortest round-trip decimal when that is short, else in exponent form.
 pub fn short(x: f64) -> String {

@@ -5,10 +5,10 @@
 #![allow(clippy::needless_range_loop)]
 
 pub mod analysis;
-pub mod bench;
 pub mod campaign;
 pub mod config;
 pub mod distributed;
+pub mod files;
 pub mod fmm;
 pub mod format;
 pub mod gpu;
@@ -23,3 +23,4 @@ pub mod simulation;
 pub mod source;
 pub mod sum;
 pub mod units;
+pub mod workloads;

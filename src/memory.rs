@@ -16,6 +16,9 @@
 //! cell's multipole and local expansions and its interaction lists. It bounds every measured
 //! peak from above, by 1.3–1.9× at 1e5–1e6 particles (more for small runs, where the fixed
 //! part dominates).
+//!
+//! Owns the estimates and the refusal, and the process's peak-memory readings for
+//! benchmarks. Must not allocate.
 
 use crate::config::{GravityConfig, SolverKind};
 use crate::gpu::backend::Chosen;
@@ -114,6 +117,19 @@ pub fn check(
         }
     }
     Ok(())
+}
+
+/// Peak resident memory of this process in bytes (Linux `VmHWM`), if known.
+pub fn peak_rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// Resets the peak-memory counter (Linux ≥ 4.0), so the next reading covers what follows.
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
 
 #[cfg(test)]

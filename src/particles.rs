@@ -2,6 +2,8 @@
 //!
 //! Positions and velocities are f64 (design §4); every per-particle quantity is its own array
 //! so solvers can stream exactly the fields they need.
+//!
+//! Owns the particle arrays; depends on nothing in the crate.
 
 use serde::{Deserialize, Serialize};
 

@@ -1,5 +1,7 @@
 //! Progress reporting: an indicatif bar on a terminal, periodic log lines otherwise, and
 //! nothing with `--quiet`. Notes and warnings always go to stderr unless quiet.
+//!
+//! Owns what a run prints while it runs. Must not decide anything about the run.
 
 /// `eprintln!` that never panics: when stderr is closed (`leapfmm run … 2>&1 | head -1`,
 /// a pager quit early) the printing stops and the run goes on.

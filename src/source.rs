@@ -87,7 +87,7 @@ pub struct SourceText {
 impl SourceText {
     /// Reads a file.
     pub fn read(path: &Path) -> Result<Self, ConfigError> {
-        let text = crate::io::read_regular_text(path).map_err(|e| ConfigError::Read {
+        let text = crate::files::read_regular_text(path).map_err(|e| ConfigError::Read {
             path: path.to_path_buf(),
             reason: e.to_string(),
         })?;

@@ -4,6 +4,8 @@
 //! hence the bits of the result) can change with the thread count. These helpers reduce
 //! fixed-size chunks in parallel and combine the partial results sequentially, so the result
 //! depends only on the data.
+//!
+//! Owns deterministic reductions; depends on nothing in the crate.
 
 use rayon::prelude::*;
 

@@ -2,6 +2,8 @@
 //!
 //! "galactic": length kpc, velocity km/s, mass 1e10 Msun (time unit ≈ 0.9778 Gyr).
 //! "nbody": G = 1 with no physical scale attached.
+//!
+//! Owns unit systems and constants; depends on nothing in the crate.
 
 use serde::{Deserialize, Serialize};
 

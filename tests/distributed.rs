@@ -2,7 +2,6 @@
 
 mod common;
 
-use leapfmm::bench::Workload;
 use leapfmm::distributed::comm::{Communicator, ThreadRank, run_thread_ranks};
 use leapfmm::distributed::driver::DistributedFmm;
 use leapfmm::distributed::stats::RankStats;
@@ -13,6 +12,7 @@ use leapfmm::gravity::GravitySolver;
 use leapfmm::gravity::accuracy::{AccuracyStats, compare, direct_at};
 use leapfmm::gravity::{Softening, SofteningKernel};
 use leapfmm::particles::{Component, Particles};
+use leapfmm::workloads::Workload;
 use std::time::Duration;
 
 fn settings(g: f64, eps: f64) -> FmmSettings {

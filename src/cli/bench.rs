@@ -3,7 +3,6 @@
 
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
-use leapfmm::bench::{Workload, peak_rss_bytes, reset_peak_rss};
 use leapfmm::config::Precision;
 use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
 use leapfmm::fmm::caps::CapsPolicy;
@@ -12,7 +11,9 @@ use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::accuracy::{compare, direct_at, sample_indices};
 use leapfmm::gravity::{Softening, SofteningKernel};
 use leapfmm::io::snapshot::{SnapshotInfo, write_snapshot};
+use leapfmm::memory::{peak_rss_bytes, reset_peak_rss};
 use leapfmm::units::UnitSystem;
+use leapfmm::workloads::Workload;
 use serde::Serialize;
 use std::path::PathBuf;
 use std::time::Instant;

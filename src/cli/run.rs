@@ -36,7 +36,7 @@ pub struct RunArgs {
 /// Validates the config, runs, and reports how the run ended.
 pub fn execute(args: RunArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) -> Result<ExitCode> {
     // Unreadable here (missing, not a regular file): the config loader says why.
-    let text = leapfmm::io::read_regular_text(&args.config).unwrap_or_default();
+    let text = leapfmm::files::read_regular_text(&args.config).unwrap_or_default();
     if is_campaign(&text) {
         #[cfg(feature = "mpi")]
         if mpi.is_some() {
@@ -189,7 +189,7 @@ struct RunFigures {
 
 impl RunFigures {
     fn read(path: &std::path::Path, steps: u64) -> Option<Self> {
-        let text = leapfmm::io::read_regular_text(path).ok()?;
+        let text = leapfmm::files::read_regular_text(path).ok()?;
         let mut lines = text.lines();
         let names: Vec<&str> = lines.next()?.split(',').collect();
         let col = |name: &str| names.iter().position(|n| *n == name);

@@ -1,4 +1,8 @@
 //! Distributed FMM across ranks (design §6).
+//!
+//! Owns ranks (thread ranks and MPI), the domain decomposition, migration, the locally
+//! essential trees and their wire format, and the payload routes. Must not know the step
+//! loop (`simulation`) or the device (`gpu` plugs in through `fmm::backend`).
 
 pub mod comm;
 pub mod decomposition;

@@ -17,6 +17,10 @@
 //! the swap matrices are computed once per order.
 //!
 //! All expansions are G-free; the solver multiplies by G at the end.
+//!
+//! At ~830 lines without its tests this file is one algorithm that reads best whole: every
+//! operator (P2M, M2M, the rotated M2L, L2L, L2P) shares the index tables, normalisation
+//! and rotation matrices defined here, and split they would each need them.
 
 /// Number of stored complex coefficients for order `p` (0 <= m <= n <= p).
 pub const fn complex_len(p: usize) -> usize {

@@ -1,6 +1,10 @@
 //! The fast multipole method (design §5): Morton-sorted octree with centre-of-mass
 //! expansion centres and exact bounding spheres, solid-harmonic expansions with O(p^3)
 //! rotated M2L, a dual-tree walk that only builds lists, and batched passes over them.
+//!
+//! Owns the tree, the walk, the expansions, the passes on the CPU and the interface a
+//! device implements (`backend`). Must not know ranks beyond the remote trees it is handed
+//! (`remote`) and the payload interface, nor files beyond the presets.
 
 pub mod backend;
 pub mod caps;

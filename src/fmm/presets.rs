@@ -119,7 +119,7 @@ impl PresetsStore {
 
     /// Reads the file: missing → empty; unreadable or corrupt → empty with a warning.
     pub fn load(&self) -> (PresetsFile, Option<String>) {
-        let text = match crate::io::read_regular_text(&self.path) {
+        let text = match crate::files::read_regular_text(&self.path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return (PresetsFile::default(), None);

@@ -24,6 +24,13 @@ use std::time::Instant;
 /// the far field is Newtonian, and there the Plummer force differs by 1.5 (ε/r)² ≤ 1.5%.
 pub const PLUMMER_FAR_SEPARATION: f64 = 10.0;
 
+/// Default FMM expansion order (see docs/config.md for why not 4).
+pub const DEFAULT_ORDER: usize = 7;
+/// Default FMM opening angle parameter.
+pub const DEFAULT_THETA: f64 = 0.75;
+/// Default FMM leaf size.
+pub const DEFAULT_LEAF_SIZE: usize = 128;
+
 /// Retries before an evaluation gives up (each grows a cap by at least the growth factor).
 const MAX_RETRIES: usize = 200;
 
@@ -51,9 +58,9 @@ impl FmmSettings {
     /// mixed-precision near field, default caps policy) for `softening` and `g`.
     pub fn defaults(softening: Softening, g: f64) -> Self {
         FmmSettings {
-            order: crate::config::DEFAULT_ORDER,
-            theta: crate::config::DEFAULT_THETA,
-            leaf_size: crate::config::DEFAULT_LEAF_SIZE,
+            order: DEFAULT_ORDER,
+            theta: DEFAULT_THETA,
+            leaf_size: DEFAULT_LEAF_SIZE,
             softening,
             g,
             near_field: NearFieldPrecision::Mixed,

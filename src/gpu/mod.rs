@@ -1,6 +1,11 @@
 //! The GPU backend (design §7), in progress: the CUDA kernels of `kernels/` embedded in the
 //! binary and compiled at start-up by NVRTC (through cudarc, loaded at run time, so neither
 //! the build nor a CPU-only machine needs CUDA), with an on-disk cache of the PTX.
+//!
+//! Owns the device: kernels, their compilation and cache, the device's buffers, state,
+//! tree, walk, passes and payload moves, and the choice of backend. Must not decide physics
+//! (it runs `fmm::backend`'s plan and the integrator's kick and drift as the host would) or
+//! write files.
 
 pub mod backend;
 #[cfg(feature = "cuda")]

@@ -2,6 +2,9 @@
 //!
 //! `direct` is the f64 reference every other solver is measured against; `softening` holds the
 //! pair kernels both share.
+//!
+//! Owns the `GravitySolver` interface every solver implements, direct summation, the
+//! softening kernels and the accuracy checks. Must not know ranks, devices or files.
 
 pub mod accuracy;
 pub mod direct;

@@ -2,6 +2,9 @@
 //!
 //! Every sampler draws from deterministic substreams (one per block of particle IDs), so the
 //! same model, N and seed give the same bits for any number of threads.
+//!
+//! Owns model files and sampling (equilibrium models, galaxies). Must not run forces or
+//! integrate.
 
 pub mod galaxy;
 pub mod hernquist;

@@ -489,7 +489,7 @@ fn prune(dir: &Path, keep: usize, current: u64) -> Result<(), CheckpointError> {
 
 /// Reads and verifies one checkpoint file.
 pub fn read<T: DeserializeOwned>(path: &Path) -> Result<T, CheckpointError> {
-    let bytes = super::read_regular(path).map_err(io_err(path, "reading"))?;
+    let bytes = crate::files::read_regular(path).map_err(io_err(path, "reading"))?;
     decode(&bytes).map_err(|reason| CheckpointError::Invalid {
         path: path.to_path_buf(),
         reason,
@@ -519,7 +519,8 @@ pub fn read_entry<T: DeserializeOwned>(entry: &Entry) -> Result<Loaded<T>, Check
                 path: manifest.clone(),
                 reason,
             };
-            let text = super::read_regular_text(manifest).map_err(io_err(manifest, "reading"))?;
+            let text =
+                crate::files::read_regular_text(manifest).map_err(io_err(manifest, "reading"))?;
             let m = Manifest::parse(&text).map_err(invalid)?;
             let set_id = u64::from_str_radix(&m.set_id, 16)
                 .map_err(|_| invalid(format!("set_id '{}' is not hexadecimal", m.set_id)))?;
@@ -533,7 +534,7 @@ pub fn read_entry<T: DeserializeOwned>(entry: &Entry) -> Result<Loaded<T>, Check
                         rank_file_name(r)
                     )));
                 }
-                let bytes = super::read_regular(&path).map_err(io_err(&path, "reading"))?;
+                let bytes = crate::files::read_regular(&path).map_err(io_err(&path, "reading"))?;
                 if super::hex(&Sha256::digest(&bytes)) != listed.sha256 {
                     return Err(invalid(format!(
                         "{} is not the file the manifest committed (its SHA-256 differs)",

@@ -109,7 +109,8 @@ impl RunInputs {
             what,
             reason,
         };
-        let text = super::read_regular_text(&path).map_err(|e| fail("reading", e.to_string()))?;
+        let text =
+            crate::files::read_regular_text(&path).map_err(|e| fail("reading", e.to_string()))?;
         let record: RunInputs =
             toml::from_str(&text).map_err(|e| fail("parsing", e.message().to_string()))?;
         if record.format != FORMAT {

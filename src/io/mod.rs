@@ -1,5 +1,8 @@
 //! Files: GADGET-4 HDF5 snapshots, checkpoints, the run folder's lock and input record,
 //! and shared HDF5 helpers.
+//!
+//! Owns every file format a run writes or reads back (snapshots, checkpoints, the lock, the
+//! inputs record). Must not decide when to write (that is `simulation`).
 
 pub mod checkpoint;
 pub mod hdf5_util;
@@ -7,65 +10,7 @@ pub mod inputs;
 pub mod lock;
 pub mod snapshot;
 
-use std::io::Read;
-use std::path::Path;
-
-/// Reads a whole input file, refusing anything but a regular file (a FIFO would block the
-/// run forever, a link to `/dev/zero` would read until memory ran out) and reading no more
-/// than its size, which must fit in the memory available.
-pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
-    let refuse = |what: String| std::io::Error::new(std::io::ErrorKind::InvalidInput, what);
-    let meta = std::fs::metadata(path)?;
-    if !meta.is_file() {
-        return Err(refuse(
-            "not a regular file (a folder, FIFO or device); refusing to read it".into(),
-        ));
-    }
-    let len = meta.len();
-    if let Some(available) = available_host()
-        && len > available
-    {
-        return Err(refuse(format!(
-            "{len} bytes, more than the {available} bytes of memory available"
-        )));
-    }
-    let mut bytes = Vec::with_capacity(len as usize);
-    std::fs::File::open(path)?
-        .take(len)
-        .read_to_end(&mut bytes)?;
-    Ok(bytes)
-}
-
-/// Memory this process may still use: the smaller of the kernel's `MemAvailable` and the
-/// room left under a cgroup (container, batch job) limit; `None` where neither is known.
-pub fn available_host() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok();
-    let available = meminfo.as_deref().and_then(|text| {
-        text.lines()
-            .find_map(|l| l.strip_prefix("MemAvailable:"))
-            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
-            .map(|kb| kb * 1024)
-    });
-    let read = |name: &str| {
-        std::fs::read_to_string(format!("/sys/fs/cgroup/{name}"))
-            .ok()
-            .and_then(|t| t.trim().parse::<u64>().ok())
-    };
-    let cgroup =
-        read("memory.max").map(|max| max.saturating_sub(read("memory.current").unwrap_or(0)));
-    match (available, cgroup) {
-        (Some(a), Some(c)) => Some(a.min(c)),
-        (a, c) => a.or(c),
-    }
-}
-
 /// Lower-case hex of a digest.
 pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// `read_regular` as UTF-8 text.
-pub fn read_regular_text(path: &Path) -> std::io::Result<String> {
-    String::from_utf8(read_regular(path)?)
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidData, "not UTF-8 text"))
 }

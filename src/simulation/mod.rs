@@ -14,6 +14,9 @@
 //! particle-state interface (host or resident on a device); `stepping` is the loop (global
 //! steps and block cycles); `outputs` writes logs, snapshots and checkpoints; `resume` reads
 //! a run folder back; `signals` stops a run cleanly.
+//!
+//! Owns one run's life and its run folder. Must not implement physics itself (solvers,
+//! integrator operators, samplers and formats are the other modules').
 
 mod error;
 mod folder;
@@ -115,7 +118,7 @@ fn check_memory(
         ranks,
         local_ranks,
         backend,
-        crate::io::available_host(),
+        crate::files::available_host(),
     )
     .map_err(|reason| RunError::State(format!("{}: {reason}", spec.source.path.display())))
 }

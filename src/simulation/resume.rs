@@ -213,7 +213,7 @@ pub(super) fn folder_verdict(
         // A run stopped before its first checkpoint starts again when its config and inputs
         // are the ones it was started with (a run is deterministic: the same snapshots come
         // again); otherwise a fresh start would overwrite its snapshots with another run.
-        let same_config = crate::io::read_regular_text(&run_dir.join("config.toml"))
+        let same_config = crate::files::read_regular_text(&run_dir.join("config.toml"))
             .is_ok_and(|t| t == spec.source.text);
         let why = if !same_config {
             format!(

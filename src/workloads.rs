@@ -1,4 +1,7 @@
-//! Force-solver benchmark workloads and measurements (`leapfmm bench`, `benches/`).
+//! The particle distributions forces are benchmarked on (`leapfmm bench`, `benches/`, and
+//! tests that want a realistic galaxy without a model file).
+//!
+//! Owns benchmark distributions. Must not be used by a run.
 
 use crate::ics::galaxy::disk::DiskProfile;
 use crate::ics::hernquist::Hernquist;
@@ -116,17 +119,4 @@ fn positions<M: SphericalModel>(
         let d = isotropic_unit(rng);
         ([r * d[0], r * d[1], r * d[2]], [0.0; 3], mass, component)
     })
-}
-
-/// Peak resident memory of this process in bytes (Linux `VmHWM`), if known.
-pub fn peak_rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
-}
-
-/// Resets the peak-memory counter (Linux ≥ 4.0), so the next reading covers what follows.
-pub fn reset_peak_rss() {
-    let _ = std::fs::write("/proc/self/clear_refs", "5");
 }
