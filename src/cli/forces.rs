@@ -19,7 +19,7 @@ use leapfmm::fmm::expansion::MAX_ORDER;
 use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::presets::PresetsStore;
 use leapfmm::fmm::{FmmSettings, FmmSolver};
-use leapfmm::gravity::accuracy::{compare, direct_at, sample_indices};
+use leapfmm::gravity::accuracy::{AccuracyStats, compare, direct_at, sample_indices, tail_indices};
 use leapfmm::gravity::{GravitySolver, Softening, SofteningKernel};
 use leapfmm::io::snapshot::{
     SnapshotData, Velocities, read_parameter_f64, read_parameter_string, read_snapshot_with,
@@ -61,6 +61,10 @@ pub struct ForcesArgs {
     /// Seed of the particles chosen for --compare-direct.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// With --compare-direct: also compare on this many particles with the weakest forces
+    /// and as many farthest from the centre, where errors concentrate (0: none).
+    #[arg(long, default_value_t = 500)]
+    tail: usize,
     /// Evaluate this many times and report each (the first finds the buffer capacities).
     #[arg(long, default_value_t = 1, allow_negative_numbers = true, value_parser = clap::value_parser!(u32).range(1..=1000).map(|v| v as usize))]
     repeat: usize,
@@ -689,18 +693,38 @@ fn report_accuracy(
     let Some(m) = args.compare_direct else {
         return;
     };
-    let idx = sample_indices(p.len(), m, args.seed);
+    let random = sample_indices(p.len(), m, args.seed);
+    let tail = tail_indices(&p.pos, &p.mass, acc, args.tail);
+    let mut idx = random.clone();
+    idx.extend_from_slice(&tail);
+    idx.sort_unstable();
+    idx.dedup();
     let start = Instant::now();
     let (reference, _) = direct_at(&p.pos, &p.mass, &idx, g, softening);
-    let fmm: Vec<[f64; 3]> = idx.iter().map(|&i| acc[i]).collect();
-    let e = compare(&fmm, &reference);
-    println!(
-        "accuracy vs direct summation on {} particles ({:.2} s): median {:.3e}, p99 {:.3e}, max {:.3e}, aggL2 {:.3e}",
-        e.count,
-        start.elapsed().as_secs_f64(),
-        e.median,
-        e.p99,
-        e.max,
-        e.agg_l2
-    );
+    let seconds = start.elapsed().as_secs_f64();
+    let stats_of = |chosen: &[usize]| {
+        let (fmm, direct): (Vec<[f64; 3]>, Vec<[f64; 3]>) = chosen
+            .iter()
+            .filter_map(|i| idx.binary_search(i).ok().map(|k| (acc[*i], reference[k])))
+            .unzip();
+        compare(&fmm, &direct)
+    };
+    let line = |what: &str, e: AccuracyStats| {
+        println!(
+            "{what} ({} particles): median {:.3e}, p99 {:.3e}, max {:.3e}, aggL2 {:.3e}",
+            e.count, e.median, e.p99, e.max, e.agg_l2
+        )
+    };
+    println!("accuracy vs direct summation ({seconds:.2} s):");
+    line("  random", stats_of(&random));
+    if !tail.is_empty() {
+        line(
+            &format!(
+                "  tail: {} weakest forces + {} farthest",
+                args.tail, args.tail
+            ),
+            stats_of(&tail),
+        );
+        line("  random + tail", stats_of(&idx));
+    }
 }

@@ -64,6 +64,37 @@ pub fn sample_indices(n: usize, m: usize, seed: u64) -> Vec<usize> {
     idx
 }
 
+/// The particles where force errors concentrate (issue 42's "tail"): the `m` with the
+/// weakest accelerations in `acc` (an estimate, e.g. the FMM's own; the far field dominates
+/// their force) and the `m` farthest from the mass-weighted centre (outer-halo particles
+/// whose force comes from few, distant cells). Sorted, without repeats.
+pub fn tail_indices(pos: &[[f64; 3]], mass: &[f64], acc: &[[f64; 3]], m: usize) -> Vec<usize> {
+    let n = pos.len();
+    let total: f64 = mass.iter().sum();
+    let centre: [f64; 3] = std::array::from_fn(|k| {
+        if total > 0.0 {
+            pos.iter().zip(mass).map(|(x, w)| x[k] * w).sum::<f64>() / total
+        } else {
+            0.0
+        }
+    });
+    let norm2 = |v: [f64; 3]| v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
+    let smallest = |key: &dyn Fn(usize) -> f64| -> Vec<usize> {
+        let mut order: Vec<usize> = (0..n).collect();
+        // Ties broken by index, so the choice is the same on every machine.
+        order.sort_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
+        order.truncate(m.min(n));
+        order
+    };
+    let mut idx = smallest(&|i| norm2(acc[i]));
+    idx.extend(smallest(&|i| {
+        -norm2([0, 1, 2].map(|k| pos[i][k] - centre[k]))
+    }));
+    idx.sort_unstable();
+    idx.dedup();
+    idx
+}
+
 /// Direct-summation accelerations and potentials at the particles `targets` of the set.
 pub fn direct_at(
     pos: &[[f64; 3]],
@@ -100,5 +131,18 @@ mod tests {
         assert!((s.agg_l2 - 0.01).abs() < 1e-12);
         assert_eq!(sample_indices(1000, 10, 3), sample_indices(1000, 10, 3));
         assert_eq!(sample_indices(1000, 10, 3).len(), 10);
+    }
+
+    #[test]
+    fn the_tail_is_the_weakest_and_the_farthest() {
+        // A line of unit masses at x = 0..10, centre 4.5; accelerations |a| = x + 1 except
+        // particle 7, the weakest.
+        let pos: Vec<[f64; 3]> = (0..10).map(|i| [i as f64, 0.0, 0.0]).collect();
+        let mass = vec![1.0; 10];
+        let mut acc: Vec<[f64; 3]> = (0..10).map(|i| [i as f64 + 1.0, 0.0, 0.0]).collect();
+        acc[7] = [0.1, 0.0, 0.0];
+        // Weakest two: 7 and 0; farthest two from 4.5: 0 and 9.
+        assert_eq!(tail_indices(&pos, &mass, &acc, 2), vec![0, 7, 9]);
+        assert_eq!(tail_indices(&pos, &mass, &acc, 20).len(), 10);
     }
 }
