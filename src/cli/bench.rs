@@ -8,7 +8,7 @@ use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
 use leapfmm::fmm::caps::CapsPolicy;
 use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::{FmmSettings, FmmSolver};
-use leapfmm::gravity::accuracy::{compare, direct_at, sample_indices};
+use leapfmm::gravity::accuracy::{compare, direct_at, sample_indices, tail_indices};
 use leapfmm::gravity::{Softening, SofteningKernel};
 use leapfmm::io::snapshot::{SnapshotInfo, write_snapshot};
 use leapfmm::memory::{peak_rss_bytes, reset_peak_rss};
@@ -43,6 +43,10 @@ pub struct BenchArgs {
     /// Particles compared with direct summation per case.
     #[arg(long, default_value_t = 1000)]
     compare_direct: usize,
+    /// Also compare on this many particles with the weakest forces and as many farthest
+    /// from the centre, where errors concentrate (the "+ tail" columns).
+    #[arg(long, default_value_t = 500)]
+    tail: usize,
     /// Also print the accuracy–cost table over order and θ (disk-in-halo).
     #[arg(long)]
     scan: bool,
@@ -65,7 +69,16 @@ pub struct BenchArgs {
 enum WorkloadArg {
     Plummer,
     DiskInHalo,
+    /// Plummer and disk-in-halo.
     Both,
+    HernquistCusp,
+    TruncatedHalo,
+    TwoGalaxies,
+    UniformCube,
+    Clump,
+    /// The six distributions of the accuracy test set (plummer, hernquist-cusp,
+    /// truncated-halo, two-galaxies, uniform-cube, clump).
+    TestSet,
 }
 
 /// One measured case.
@@ -86,9 +99,14 @@ struct Case {
     p99: f64,
     max: f64,
     agg_l2: f64,
+    /// p99 and max over the random particles and the tail together.
+    p99_with_tail: f64,
+    max_with_tail: f64,
     peak_rss_bytes: Option<u64>,
 }
 
+/// One case: two evaluations (the first finds the caps), the second timed; errors against
+/// direct summation on `compare_m` random particles and, with them, the `tail`.
 fn measure(
     w: Workload,
     n: usize,
@@ -96,7 +114,7 @@ fn measure(
     theta: f64,
     leaf: usize,
     near: NearFieldPrecision,
-    compare_m: usize,
+    (compare_m, tail): (usize, usize),
 ) -> Result<Case> {
     let p = w.particles(n, 1);
     let softening = Softening {
@@ -121,10 +139,21 @@ fn measure(
     let stats = solver.evaluate(&p.pos, &p.mass, &p.id, &mut acc, &mut pot)?;
     let seconds = start.elapsed().as_secs_f64();
     let peak = peak_rss_bytes();
-    let idx = sample_indices(n, compare_m, 7);
+    let random = sample_indices(n, compare_m, 7);
+    let mut idx = random.clone();
+    idx.extend(tail_indices(&p.pos, &p.mass, &acc, tail));
+    idx.sort_unstable();
+    idx.dedup();
     let (reference, _) = direct_at(&p.pos, &p.mass, &idx, w.g(), softening);
-    let fmm: Vec<[f64; 3]> = idx.iter().map(|&i| acc[i]).collect();
-    let e = compare(&fmm, &reference);
+    let stats_of = |chosen: &[usize]| {
+        let (fmm, direct): (Vec<[f64; 3]>, Vec<[f64; 3]>) = chosen
+            .iter()
+            .filter_map(|i| idx.binary_search(i).ok().map(|k| (acc[*i], reference[k])))
+            .unzip();
+        compare(&fmm, &direct)
+    };
+    let e = stats_of(&random);
+    let with_tail = stats_of(&idx);
     Ok(Case {
         workload: w.name(),
         n,
@@ -144,15 +173,17 @@ fn measure(
         p99: e.p99,
         max: e.max,
         agg_l2: e.agg_l2,
+        p99_with_tail: with_tail.p99,
+        max_with_tail: with_tail.max,
         peak_rss_bytes: peak,
     })
 }
 
 fn print_header() {
     println!(
-        "| workload | N | p | θ | leaf | near field | s/eval | particles/s | median | p99 | aggL2 | peak RSS (B/particle) |"
+        "| workload | N | p | θ | leaf | near field | s/eval | particles/s | median | p99 | max | aggL2 | p99 + tail | max + tail | peak RSS (B/particle) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
 }
 
 fn print_row(c: &Case) {
@@ -161,7 +192,7 @@ fn print_row(c: &Case) {
         .map(|b| format!("{:.0} MB ({:.0})", b as f64 / 1e6, b as f64 / c.n as f64))
         .unwrap_or_else(|| "?".into());
     println!(
-        "| {} | {:.0e} | {} | {} | {} | {} | {:.3} | {:.3e} | {:.2e} | {:.2e} | {:.2e} | {rss} |",
+        "| {} | {:.0e} | {} | {} | {} | {} | {:.3} | {:.3e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {rss} |",
         c.workload,
         c.n as f64,
         c.order,
@@ -172,7 +203,10 @@ fn print_row(c: &Case) {
         c.particles_per_second,
         c.median,
         c.p99,
-        c.agg_l2
+        c.max,
+        c.agg_l2,
+        c.p99_with_tail,
+        c.max_with_tail
     );
 }
 
@@ -182,6 +216,12 @@ pub fn execute(args: BenchArgs) -> Result<()> {
         WorkloadArg::Plummer => vec![Workload::Plummer],
         WorkloadArg::DiskInHalo => vec![Workload::DiskInHalo],
         WorkloadArg::Both => vec![Workload::Plummer, Workload::DiskInHalo],
+        WorkloadArg::HernquistCusp => vec![Workload::HernquistCusp],
+        WorkloadArg::TruncatedHalo => vec![Workload::TruncatedHalo],
+        WorkloadArg::TwoGalaxies => vec![Workload::TwoGalaxies],
+        WorkloadArg::UniformCube => vec![Workload::UniformCube],
+        WorkloadArg::Clump => vec![Workload::Clump],
+        WorkloadArg::TestSet => Workload::TEST_SET.to_vec(),
     };
     let mut sizes: Vec<usize> = args.sizes.iter().map(|&n| n as usize).collect();
     if let Some(path) = &args.export {
@@ -204,7 +244,7 @@ pub fn execute(args: BenchArgs) -> Result<()> {
                     args.theta,
                     args.leaf_size,
                     NearFieldPrecision::Mixed,
-                    args.compare_direct,
+                    (args.compare_direct, args.tail),
                 )?;
                 print_row(&c);
                 cases.push(c);
@@ -226,7 +266,7 @@ pub fn execute(args: BenchArgs) -> Result<()> {
                     theta,
                     args.leaf_size,
                     NearFieldPrecision::Mixed,
-                    args.compare_direct,
+                    (args.compare_direct, args.tail),
                 )?;
                 print_row(&c);
                 cases.push(c);
@@ -240,7 +280,7 @@ pub fn execute(args: BenchArgs) -> Result<()> {
                 theta,
                 args.leaf_size,
                 NearFieldPrecision::Double,
-                args.compare_direct,
+                (args.compare_direct, args.tail),
             )?;
             print_row(&c);
             cases.push(c);
@@ -257,12 +297,13 @@ pub fn execute(args: BenchArgs) -> Result<()> {
 fn export(path: &std::path::Path, workloads: &[Workload], sizes: &[usize]) -> Result<()> {
     let (&w, &n) = match (workloads, sizes.first()) {
         ([w], Some(n)) => (w, n),
-        _ => anyhow::bail!("--export needs one --workload (plummer or disk-in-halo) and a size"),
+        _ => anyhow::bail!("--export needs one --workload (not both or test-set) and a size"),
     };
     let particles = w.particles(n, 1);
-    let units = match w {
-        Workload::Plummer => UnitSystem::Nbody,
-        Workload::DiskInHalo => UnitSystem::Galactic,
+    let units = if w.galactic() {
+        UnitSystem::Galactic
+    } else {
+        UnitSystem::Nbody
     };
     let info = SnapshotInfo {
         parameters: vec![(
