@@ -8,7 +8,7 @@ use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
 use leapfmm::fmm::caps::CapsPolicy;
 use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::{FmmSettings, FmmSolver};
-use leapfmm::gravity::accuracy::{compare, direct_at, sample_indices, tail_indices};
+use leapfmm::gravity::accuracy::{Reference, sample_indices, tail_indices};
 use leapfmm::gravity::{Softening, SofteningKernel};
 use leapfmm::io::snapshot::{SnapshotInfo, write_snapshot};
 use leapfmm::memory::{peak_rss_bytes, reset_peak_rss};
@@ -140,20 +140,10 @@ fn measure(
     let seconds = start.elapsed().as_secs_f64();
     let peak = peak_rss_bytes();
     let random = sample_indices(n, compare_m, 7);
-    let mut idx = random.clone();
-    idx.extend(tail_indices(&p.pos, &p.mass, &acc, tail));
-    idx.sort_unstable();
-    idx.dedup();
-    let (reference, _) = direct_at(&p.pos, &p.mass, &idx, w.g(), softening);
-    let stats_of = |chosen: &[usize]| {
-        let (fmm, direct): (Vec<[f64; 3]>, Vec<[f64; 3]>) = chosen
-            .iter()
-            .filter_map(|i| idx.binary_search(i).ok().map(|k| (acc[*i], reference[k])))
-            .unzip();
-        compare(&fmm, &direct)
-    };
-    let e = stats_of(&random);
-    let with_tail = stats_of(&idx);
+    let tail = tail_indices(&p.pos, &p.mass, &acc, tail);
+    let reference = Reference::at(&p.pos, &p.mass, &[&random, &tail], w.g(), softening);
+    let e = reference.compare(&acc, &random);
+    let with_tail = reference.compare(&acc, reference.indices());
     Ok(Case {
         workload: w.name(),
         n,

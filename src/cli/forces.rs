@@ -19,7 +19,7 @@ use leapfmm::fmm::expansion::MAX_ORDER;
 use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::presets::PresetsStore;
 use leapfmm::fmm::{FmmSettings, FmmSolver};
-use leapfmm::gravity::accuracy::{AccuracyStats, compare, direct_at, sample_indices, tail_indices};
+use leapfmm::gravity::accuracy::{AccuracyStats, Reference, sample_indices, tail_indices};
 use leapfmm::gravity::{GravitySolver, Softening, SofteningKernel};
 use leapfmm::io::snapshot::{
     SnapshotData, Velocities, read_parameter_f64, read_parameter_string, read_snapshot_with,
@@ -695,20 +695,10 @@ fn report_accuracy(
     };
     let random = sample_indices(p.len(), m, args.seed);
     let tail = tail_indices(&p.pos, &p.mass, acc, args.tail);
-    let mut idx = random.clone();
-    idx.extend_from_slice(&tail);
-    idx.sort_unstable();
-    idx.dedup();
     let start = Instant::now();
-    let (reference, _) = direct_at(&p.pos, &p.mass, &idx, g, softening);
+    let reference = Reference::at(&p.pos, &p.mass, &[&random, &tail], g, softening);
     let seconds = start.elapsed().as_secs_f64();
-    let stats_of = |chosen: &[usize]| {
-        let (fmm, direct): (Vec<[f64; 3]>, Vec<[f64; 3]>) = chosen
-            .iter()
-            .filter_map(|i| idx.binary_search(i).ok().map(|k| (acc[*i], reference[k])))
-            .unzip();
-        compare(&fmm, &direct)
-    };
+    let stats_of = |chosen: &[usize]| reference.compare(acc, chosen);
     let line = |what: &str, e: AccuracyStats| {
         println!(
             "{what} ({} particles): median {:.3e}, p99 {:.3e}, max {:.3e}, aggL2 {:.3e}",
@@ -725,6 +715,6 @@ fn report_accuracy(
             ),
             stats_of(&tail),
         );
-        line("  random + tail", stats_of(&idx));
+        line("  random + tail", stats_of(reference.indices()));
     }
 }

@@ -115,6 +115,50 @@ pub fn direct_at(
     (acc, pot)
 }
 
+/// Direct-summation accelerations at a union of particle sets, for comparing each set
+/// (random targets, the tail) against the same reference.
+#[derive(Debug, Clone)]
+pub struct Reference {
+    /// The particles, sorted, without repeats.
+    indices: Vec<usize>,
+    /// Their direct-summation accelerations.
+    acc: Vec<[f64; 3]>,
+}
+
+impl Reference {
+    /// Direct sums at every particle of `sets`.
+    pub fn at(
+        pos: &[[f64; 3]],
+        mass: &[f64],
+        sets: &[&[usize]],
+        g: f64,
+        softening: Softening,
+    ) -> Reference {
+        let mut indices: Vec<usize> = sets.iter().flat_map(|s| s.iter().copied()).collect();
+        indices.sort_unstable();
+        indices.dedup();
+        let (acc, _) = direct_at(pos, mass, &indices, g, softening);
+        Reference { indices, acc }
+    }
+
+    /// Every particle it holds.
+    pub fn indices(&self) -> &[usize] {
+        &self.indices
+    }
+
+    /// `compare` of `acc` (all particles) on the particles `chosen` among its own.
+    pub fn compare(&self, acc: &[[f64; 3]], chosen: &[usize]) -> AccuracyStats {
+        let (mine, direct): (Vec<[f64; 3]>, Vec<[f64; 3]>) = chosen
+            .iter()
+            .filter_map(|&i| {
+                let k = self.indices.binary_search(&i).ok()?;
+                Some((acc[i], self.acc[k]))
+            })
+            .unzip();
+        compare(&mine, &direct)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
