@@ -521,9 +521,9 @@ impl Evolution {
         let t: Vec<f64> = self.times.iter().map(|t| t * to_time).collect();
         let along = |v: &[f64]| t.iter().copied().zip(v.iter().copied()).collect();
         let len = units.length();
-        // A bar is claimed where A2 exceeds three times the noise's mean: A2 of noise alone
-        // is Rayleigh-distributed, so it passes that line with probability e^{-9π/4} ≈ 8.5e-4
-        // per snapshot. The pattern speed is drawn only between snapshots that both pass it.
+        // A bar is claimed where A2 exceeds BAR_THRESHOLD (3) times the noise's mean: A2 of
+        // noise alone is Rayleigh-distributed, so it passes that line with probability
+        // e^{-9π/4} ≈ 8.5e-4 per snapshot. The pattern speed is drawn only between snapshots that both pass it.
         let threshold = BAR_THRESHOLD * self.noise;
         let barred = |k: usize| self.a2[k] > threshold;
         let speed_points: Vec<(f64, f64)> = (1..t.len())
@@ -552,7 +552,7 @@ impl Evolution {
                         points: along(&vec![self.noise; t.len()]),
                     },
                     Series {
-                        name: "bar threshold (3x noise)".into(),
+                        name: format!("bar threshold ({BAR_THRESHOLD}x noise)"),
                         points: along(&vec![threshold; t.len()]),
                     },
                 ],
@@ -560,9 +560,9 @@ impl Evolution {
             (
                 "pattern_speed",
                 if any_bar {
-                    "Bar pattern speed (where A2 > 3x noise at both ends)".to_string()
+                    format!("Bar pattern speed (where A2 > {BAR_THRESHOLD}x noise at both ends)")
                 } else {
-                    "No bar: A2 below 3x particle noise, no pattern speed".to_string()
+                    format!("No bar: A2 below {BAR_THRESHOLD}x particle noise, no pattern speed")
                 },
                 // A radian per kpc/(km/s) is a km/s/kpc.
                 if units.galactic {

@@ -81,9 +81,14 @@ pub fn tail_indices(pos: &[[f64; 3]], mass: &[f64], acc: &[[f64; 3]], m: usize) 
     let norm2 = |v: [f64; 3]| v[0] * v[0] + v[1] * v[1] + v[2] * v[2];
     let smallest = |key: &dyn Fn(usize) -> f64| -> Vec<usize> {
         let mut order: Vec<usize> = (0..n).collect();
-        // Ties broken by index, so the choice is the same on every machine.
-        order.sort_by(|&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
-        order.truncate(m.min(n));
+        let m = m.min(n);
+        if m == 0 {
+            return Vec::new();
+        }
+        // Ties broken by index (a total order), so the choice is the same on every machine;
+        // a selection, not a sort, as N may be 1e7.
+        order.select_nth_unstable_by(m - 1, |&a, &b| key(a).total_cmp(&key(b)).then(a.cmp(&b)));
+        order.truncate(m);
         order
     };
     let mut idx = smallest(&|i| norm2(acc[i]));
