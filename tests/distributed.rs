@@ -19,6 +19,7 @@ fn settings(g: f64, eps: f64) -> FmmSettings {
     FmmSettings {
         order: 6,
         theta: 0.6,
+        accuracy: 0.0,
         leaf_size: 32,
         softening: Softening {
             kernel: SofteningKernel::Spline,
@@ -318,6 +319,7 @@ fn galaxy_traffic() -> Vec<(usize, f64, f64)> {
         let s = FmmSettings {
             order: 7,
             theta: 0.75,
+            accuracy: 0.0,
             leaf_size: 128,
             ..settings(g, 0.05)
         };

@@ -78,6 +78,7 @@ fn settings(order: usize, theta: f64, leaf: usize, near: NearFieldPrecision) -> 
     FmmSettings {
         order,
         theta,
+        accuracy: 0.0,
         leaf_size: leaf,
         softening: Softening {
             kernel: SofteningKernel::Spline,

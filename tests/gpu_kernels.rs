@@ -993,6 +993,8 @@ fn device_walk_gives_the_hosts_lists() {
             Mac {
                 theta: 0.5,
                 support: 0.05,
+                order: 7,
+                tolerance: 0.0,
             },
             7u32,
         ),
@@ -1000,6 +1002,8 @@ fn device_walk_gives_the_hosts_lists() {
             Mac {
                 theta: 0.7,
                 support: 0.0,
+                order: 7,
+                tolerance: 0.0,
             },
             100_000,
         ),
@@ -1626,6 +1630,7 @@ fn clumpy_cloud() -> Cloud {
     let settings = FmmSettings {
         order: 5,
         theta: 0.6,
+        accuracy: 0.0,
         leaf_size: 48,
         softening: Softening {
             kernel: SofteningKernel::Spline,
@@ -1955,6 +1960,7 @@ fn distributed_cloud(
     let settings = FmmSettings {
         order: 5,
         theta: 0.6,
+        accuracy: 0.0,
         leaf_size: 48,
         softening: Softening {
             kernel: SofteningKernel::Spline,

@@ -23,6 +23,7 @@ fn forces(p: &mut Particles, g: f64, eps: f64) {
         FmmSettings {
             order: 8,
             theta: 0.6,
+            accuracy: 0.0,
             leaf_size: 64,
             softening: Softening {
                 kernel: SofteningKernel::Spline,

@@ -7,6 +7,7 @@ use leapfmm::config::Precision;
 use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
 use leapfmm::fmm::caps::CapsPolicy;
 use leapfmm::fmm::p2p::NearFieldPrecision;
+use leapfmm::fmm::solver::{Evaluation, magnitudes};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::accuracy::{Reference, sample_indices, tail_indices};
 use leapfmm::gravity::{Softening, SofteningKernel};
@@ -37,6 +38,9 @@ pub struct BenchArgs {
     /// Opening angle parameter.
     #[arg(long, default_value_t = DEFAULT_THETA)]
     theta: f64,
+    /// Relative force error the MAC aims for (0: the geometric MAC of --theta alone).
+    #[arg(long, default_value_t = 0.0)]
+    accuracy: f64,
     /// Leaf size.
     #[arg(long, default_value_t = DEFAULT_LEAF_SIZE)]
     leaf_size: usize,
@@ -88,6 +92,7 @@ struct Case {
     n: usize,
     order: usize,
     theta: f64,
+    accuracy: f64,
     leaf_size: usize,
     near_field: &'static str,
     seconds: f64,
@@ -105,17 +110,27 @@ struct Case {
     peak_rss_bytes: Option<u64>,
 }
 
-/// One case: two evaluations (the first finds the caps), the second timed; errors against
-/// direct summation on `compare_m` random particles and, with them, the `tail`.
-fn measure(
-    w: Workload,
-    n: usize,
+/// The solver settings a case measures.
+#[derive(Debug, Clone, Copy)]
+struct Knobs {
     order: usize,
     theta: f64,
+    accuracy: f64,
     leaf: usize,
     near: NearFieldPrecision,
-    (compare_m, tail): (usize, usize),
-) -> Result<Case> {
+}
+
+/// One case: two evaluations (the first finds the caps and the accelerations to expect),
+/// the second timed, as a run's step is; errors against direct summation on `compare_m`
+/// random particles and, with them, the `tail`.
+fn measure(w: Workload, n: usize, knobs: Knobs, (compare_m, tail): (usize, usize)) -> Result<Case> {
+    let Knobs {
+        order,
+        theta,
+        accuracy,
+        leaf,
+        near,
+    } = knobs;
     let p = w.particles(n, 1);
     let softening = Softening {
         kernel: SofteningKernel::Spline,
@@ -124,6 +139,7 @@ fn measure(
     let settings = FmmSettings {
         order,
         theta,
+        accuracy,
         leaf_size: leaf,
         softening,
         g: w.g(),
@@ -135,8 +151,13 @@ fn measure(
     let mut acc = vec![[0.0; 3]; n];
     let mut pot = vec![0.0; n];
     let first = solver.evaluate(&p.pos, &p.mass, &p.id, &mut acc, &mut pot)?;
+    let expected = magnitudes(&acc);
+    let with = Evaluation {
+        expected_accel: Some(&expected),
+        ..Evaluation::default()
+    };
     let start = Instant::now();
-    let stats = solver.evaluate(&p.pos, &p.mass, &p.id, &mut acc, &mut pot)?;
+    let stats = solver.evaluate_with(&p.pos, &p.mass, &p.id, with, &mut acc, &mut pot)?;
     let seconds = start.elapsed().as_secs_f64();
     let peak = peak_rss_bytes();
     let random = sample_indices(n, compare_m, 7);
@@ -149,6 +170,7 @@ fn measure(
         n,
         order,
         theta,
+        accuracy,
         leaf_size: leaf,
         near_field: match near {
             NearFieldPrecision::Mixed => "mixed",
@@ -171,9 +193,9 @@ fn measure(
 
 fn print_header() {
     println!(
-        "| workload | N | p | θ | leaf | near field | s/eval | particles/s | median | p99 | max | aggL2 | p99 + tail | max + tail | peak RSS (B/particle) |"
+        "| workload | N | p | θ | accuracy | leaf | near field | s/eval | particles/s | median | p99 | max | aggL2 | p99 + tail | max + tail | peak RSS (B/particle) |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
 }
 
 fn print_row(c: &Case) {
@@ -182,11 +204,16 @@ fn print_row(c: &Case) {
         .map(|b| format!("{:.0} MB ({:.0})", b as f64 / 1e6, b as f64 / c.n as f64))
         .unwrap_or_else(|| "?".into());
     println!(
-        "| {} | {:.0e} | {} | {} | {} | {} | {:.3} | {:.3e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {rss} |",
+        "| {} | {:.0e} | {} | {} | {} | {} | {} | {:.3} | {:.3e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {:.2e} | {rss} |",
         c.workload,
         c.n as f64,
         c.order,
         c.theta,
+        if c.accuracy > 0.0 {
+            format!("{:.0e}", c.accuracy)
+        } else {
+            "-".into()
+        },
         c.leaf_size,
         c.near_field,
         c.seconds,
@@ -227,15 +254,14 @@ pub fn execute(args: BenchArgs) -> Result<()> {
         print_header();
         for &w in &workloads {
             for &n in &sizes {
-                let c = measure(
-                    w,
-                    n,
-                    args.order,
-                    args.theta,
-                    args.leaf_size,
-                    NearFieldPrecision::Mixed,
-                    (args.compare_direct, args.tail),
-                )?;
+                let knobs = Knobs {
+                    order: args.order,
+                    theta: args.theta,
+                    accuracy: args.accuracy,
+                    leaf: args.leaf_size,
+                    near: NearFieldPrecision::Mixed,
+                };
+                let c = measure(w, n, knobs, (args.compare_direct, args.tail))?;
                 print_row(&c);
                 cases.push(c);
             }
@@ -249,13 +275,17 @@ pub fn execute(args: BenchArgs) -> Result<()> {
         print_header();
         for order in [2, 4, 6, 8] {
             for theta in [0.4, 0.5, 0.6, 0.7, 0.8] {
+                let knobs = Knobs {
+                    order,
+                    theta,
+                    accuracy: 0.0,
+                    leaf: args.leaf_size,
+                    near: NearFieldPrecision::Mixed,
+                };
                 let c = measure(
                     Workload::DiskInHalo,
                     args.scan_n,
-                    order,
-                    theta,
-                    args.leaf_size,
-                    NearFieldPrecision::Mixed,
+                    knobs,
                     (args.compare_direct, args.tail),
                 )?;
                 print_row(&c);
@@ -263,13 +293,17 @@ pub fn execute(args: BenchArgs) -> Result<()> {
             }
         }
         for theta in [0.4, 0.5] {
+            let knobs = Knobs {
+                order: 8,
+                theta,
+                accuracy: 0.0,
+                leaf: args.leaf_size,
+                near: NearFieldPrecision::Double,
+            };
             let c = measure(
                 Workload::DiskInHalo,
                 args.scan_n,
-                8,
-                theta,
-                args.leaf_size,
-                NearFieldPrecision::Double,
+                knobs,
                 (args.compare_direct, args.tail),
             )?;
             print_row(&c);

@@ -18,6 +18,7 @@ use leapfmm::fmm::caps::CapsPolicy;
 use leapfmm::fmm::expansion::MAX_ORDER;
 use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::presets::PresetsStore;
+use leapfmm::fmm::solver::{Evaluation, magnitudes};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::accuracy::{AccuracyStats, Reference, sample_indices, tail_indices};
 use leapfmm::gravity::{GravitySolver, Softening, SofteningKernel};
@@ -40,6 +41,10 @@ pub struct ForcesArgs {
     /// Opening angle parameter θ (0 < θ < 1).
     #[arg(long, default_value_t = DEFAULT_THETA, value_parser = parse_theta)]
     theta: f64,
+    /// Relative force error the MAC aims for, in every particle's force (0: the geometric
+    /// MAC of --theta alone).
+    #[arg(long, default_value_t = 0.0, value_parser = parse_accuracy)]
+    accuracy: f64,
     /// Most particles per leaf.
     #[arg(long, default_value_t = DEFAULT_LEAF_SIZE, value_parser = clap::value_parser!(u32).range(1..=65536).map(|v| v as usize))]
     leaf_size: usize,
@@ -109,6 +114,15 @@ fn parse_theta(s: &str) -> Result<f64, String> {
     }
 }
 
+fn parse_accuracy(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
+    if v.is_finite() && (0.0..1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("{v} is not in [0, 1)"))
+    }
+}
+
 fn parse_softening(s: &str) -> Result<f64, String> {
     let v: f64 = s.parse().map_err(|_| format!("'{s}' is not a number"))?;
     if v.is_finite() && v >= 0.0 {
@@ -165,6 +179,7 @@ pub fn execute(args: ForcesArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) 
     let settings = FmmSettings {
         order: args.order,
         theta: args.theta,
+        accuracy: args.accuracy,
         leaf_size: args.leaf_size,
         softening,
         g,
@@ -305,7 +320,13 @@ fn single_rank(
     let mut pot = vec![0.0; n];
     for k in 0..args.repeat {
         let start = Instant::now();
-        let stats = solver.evaluate(&p.pos, &p.mass, &p.id, &mut acc, &mut pot)?;
+        // Repeats expect the last evaluation's accelerations, as a run's steps do.
+        let expected = (k > 0).then(|| magnitudes(&acc));
+        let with = Evaluation {
+            expected_accel: expected.as_deref(),
+            ..Evaluation::default()
+        };
+        let stats = solver.evaluate_with(&p.pos, &p.mass, &p.id, with, &mut acc, &mut pot)?;
         let secs = start.elapsed().as_secs_f64();
         let s = stats.seconds;
         println!(

@@ -201,6 +201,7 @@ impl<C: Communicator> DistributedFmm<C> {
             cube: Some(cube),
             remote: Some(&mut exchange),
             active,
+            expected_accel: None,
         };
         let fmm = match &mut self.device {
             None => self.solver.evaluate_with(

@@ -73,6 +73,24 @@ impl FmmStats {
         self.seconds.p2p += device.p2p + device.download;
     }
 
+    /// Adds a first pass's retries, interactions and seconds (an evaluation that needed
+    /// one to know the accelerations to expect, `FmmSolver::evaluate_twice`).
+    pub fn add_first_pass(&mut self, first: &FmmStats) {
+        self.retries += first.retries;
+        for (o, f) in self.overflows.iter_mut().zip(first.overflows) {
+            *o += f;
+        }
+        self.p2p_interactions += first.p2p_interactions;
+        let (s, f) = (&mut self.seconds, &first.seconds);
+        s.tree += f.tree;
+        s.upward += f.upward;
+        s.traversal += f.traversal;
+        s.m2l += f.m2l;
+        s.downward += f.downward;
+        s.p2p += f.p2p;
+        s.exchange += f.exchange;
+    }
+
     /// Names of the diagnostics columns of `solver_stats`.
     pub fn stat_names() -> Vec<&'static str> {
         STAT_COLUMNS.iter().map(|c| c.0).collect()

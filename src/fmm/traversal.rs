@@ -20,14 +20,29 @@ use rayon::prelude::*;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 /// The multipole acceptance criterion: cells A and B interact through their expansions when
-/// `r_A + r_B < theta * d` and every particle pair is farther apart than `support`, the
-/// radius beyond which the softened force is treated as Newtonian.
+/// `r_A + r_B < theta * d`, every particle pair is farther apart than `support` (the radius
+/// beyond which the softened force is treated as Newtonian), and, when the criterion
+/// controls the error (`tolerance > 0`),
+///
+/// `ρ^(p+1) / (d - r_A - r_B)^2 ≤ tolerance * min(accel_A, accel_B)`, ρ = (r_A + r_B) / d,
+///
+/// with `accel` each cell's weakest expected acceleration (`Cell::accel`). Why: the error
+/// of the interaction on A is at most about `G M_B ρ^(p+1) / (d - r_A - r_B)^2`; giving each
+/// source the share `M_B / M` of the error allowed on A (`ε accel_A`, M the total mass)
+/// keeps the sum over all of A's sources within it, however many there are, and the
+/// source's mass drops out (`tolerance = ε / (G M)`, `FmmSolver`). Testing both cells keeps
+/// the decision symmetric, so the far field acts both ways (momentum).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Mac {
-    /// Opening angle parameter.
+    /// Opening angle parameter (the largest ρ accepted).
     pub theta: f64,
     /// Minimum particle separation of a far pair.
     pub support: f64,
+    /// Expansion order p.
+    pub order: u32,
+    /// Error allowed per unit of expected acceleration, over G and the total mass (see
+    /// above); 0 for the geometric criterion alone.
+    pub tolerance: f64,
 }
 
 /// Relative width of the band around the MAC's thresholds inside which `Mac::accepts`
@@ -52,13 +67,14 @@ impl Mac {
         // distance itself decides, so the answer is always `accepts_exactly`'s.
         let (near, far) = (r * r, (r + self.support) * (r + self.support));
         let reach = self.theta * self.theta * d2;
-        if reach > near * (1.0 + MAC_BAND) && d2 > far * (1.0 + MAC_BAND) {
-            return true;
-        }
-        if reach < near * (1.0 - MAC_BAND) || d2 < far * (1.0 - MAC_BAND) {
-            return false;
-        }
-        self.accepts_exactly(d2, r)
+        let geometric = if reach > near * (1.0 + MAC_BAND) && d2 > far * (1.0 + MAC_BAND) {
+            true
+        } else if reach < near * (1.0 - MAC_BAND) || d2 < far * (1.0 - MAC_BAND) {
+            false
+        } else {
+            self.accepts_exactly(d2, r)
+        };
+        geometric && (self.tolerance == 0.0 || self.error_within(a, b, d2.sqrt(), r))
     }
 
     /// The criterion on the distance: `r < theta d` and `d - r > support` for centres
@@ -67,6 +83,27 @@ impl Mac {
     fn accepts_exactly(&self, d2: f64, r: f64) -> bool {
         let d = d2.sqrt();
         r < self.theta * d && d - r > self.support
+    }
+
+    /// The error condition for cells `d` apart with radii adding up to `r < d` (a cell whose
+    /// expected acceleration is unknown, 0, sets none). Every operation is one IEEE rounding
+    /// in a fixed order on f32-representable inputs, so that any walk of the same cells
+    /// decides alike.
+    #[inline]
+    fn error_within(&self, a: &Cell, b: &Cell, d: f64, r: f64) -> bool {
+        let weakest = match (a.accel > 0.0, b.accel > 0.0) {
+            (true, true) => a.accel.min(b.accel),
+            (true, false) => a.accel,
+            (false, true) => b.accel,
+            (false, false) => return true,
+        };
+        let rho = r / d;
+        let mut power = rho;
+        for _ in 0..self.order {
+            power *= rho;
+        }
+        let gap = d - r;
+        power / (gap * gap) <= self.tolerance * weakest
     }
 }
 
@@ -403,8 +440,10 @@ mod tests {
 
     /// Builds a tree over `n` particles of a flattened random cloud, walks it with only the
     /// particles flagged by `active` receiving, and counts, for every directed particle pair,
-    /// how many list entries cover it.
-    fn cover(n: usize, active: impl Fn(usize) -> bool) -> (Vec<u8>, usize) {
+    /// how many list entries cover it, and how many particle pairs the far entries cover.
+    /// With `tolerance`, the MAC also controls the error,
+    /// against expected accelerations spread over two decades.
+    fn cover(n: usize, active: impl Fn(usize) -> bool, tolerance: f64) -> (Vec<u8>, usize) {
         let mut rnd = uniform(9);
         let pos: Vec<[f64; 3]> = (0..n).map(|_| [rnd(), rnd(), rnd() * 0.1]).collect();
         let mass = vec![1.0; n];
@@ -412,6 +451,8 @@ mod tests {
         let mut tree = Tree::default();
         tree.build(&pos, &mass, &id, None, 8, 10_000).unwrap();
         tree.compute_moments();
+        let expected: Vec<f64> = (0..n).map(|_| 10f64.powf(2.0 * rnd())).collect();
+        tree.set_expected_accel((tolerance > 0.0).then_some(expected.as_slice()));
         let flags: Vec<bool> = (0..n).map(&active).collect();
         let targets = tree.cells_holding(&flags);
         let (mut m2l, mut p2p) = (CappedBuffer::default(), CappedBuffer::default());
@@ -419,12 +460,15 @@ mod tests {
         p2p.reset(1_000_000);
         let mac = Mac {
             theta: 0.6,
+            order: 7,
+            tolerance,
             support: 0.0,
         };
         let walked = walk(&tree, Some(&targets), mac, &[], &m2l, &p2p);
         assert!(walked.complete);
         let (far, near) = (m2l.take(), p2p.take());
         let mut cover = vec![0u8; n * n];
+        let mut far_pairs = 0;
         for (list, spans, is_far) in [(&far, &walked.m2l, true), (&near, &walked.p2p, false)] {
             let mut entries = 0;
             for (t, &span) in spans.iter().enumerate() {
@@ -436,6 +480,9 @@ mod tests {
                 for &s in sources {
                     let cs = tree.cells[s as usize];
                     assert_eq!(mac.accepts(&ct, &cs), is_far, "({t}, {s})");
+                    if is_far {
+                        far_pairs += ct.count() * cs.count();
+                    }
                     for i in ct.begin..ct.end {
                         for j in cs.begin..cs.end {
                             let (i, j) = (tree.order[i as usize], tree.order[j as usize]);
@@ -446,7 +493,7 @@ mod tests {
             }
             assert_eq!(entries, list.len(), "every entry belongs to one target");
         }
-        (cover, far.len())
+        (cover, far_pairs)
     }
 
     #[test]
@@ -462,7 +509,12 @@ mod tests {
         };
         let mut decided = [0usize; 2];
         for (theta, support) in [(0.6, 0.0), (0.5, 0.07), (0.3, 1.0), (1.0, 1e-3)] {
-            let mac = Mac { theta, support };
+            let mac = Mac {
+                theta,
+                support,
+                order: 7,
+                tolerance: 0.0,
+            };
             for k in 0..200_000 {
                 let (ra, rb) = (rnd() * 2.0, if k % 97 == 0 { 0.0 } else { rnd() });
                 let r = ra + rb;
@@ -491,20 +543,58 @@ mod tests {
     #[test]
     fn every_particle_pair_is_covered_exactly_once() {
         let n = 600;
-        let (cover, far) = cover(n, |_| true);
-        assert!(far > 0, "the test must exercise far pairs");
-        for i in 0..n {
-            for j in 0..n {
-                assert_eq!(cover[i * n + j], 1, "pair ({i}, {j})");
+        let mut far_pairs = Vec::new();
+        // The geometric MAC, then the error-controlled one at two tolerances (the
+        // expected accelerations are 1..100, the masses 1 each: 1e-3 rejects some pairs
+        // the geometric MAC takes, 1e-5 most).
+        for tolerance in [0.0, 1e-3, 1e-5] {
+            let (cover, far) = cover(n, |_| true, tolerance);
+            assert!(far > 0, "the test must exercise far pairs");
+            for i in 0..n {
+                for j in 0..n {
+                    assert_eq!(
+                        cover[i * n + j],
+                        1,
+                        "pair ({i}, {j}), tolerance {tolerance}"
+                    );
+                }
             }
+            far_pairs.push(far);
         }
+        assert!(
+            far_pairs.is_sorted_by(|a, b| a > b),
+            "a tighter tolerance must leave fewer particle pairs to the far field: {far_pairs:?}"
+        );
+    }
+
+    #[test]
+    fn the_error_condition_is_symmetric_and_tightens_with_the_weaker_cell() {
+        let cell = |x: f64, r_max: f64, accel: f64| Cell {
+            centre: [x, 0.0, 0.0],
+            r_max,
+            accel,
+            ..Cell::default()
+        };
+        let mac = Mac {
+            theta: 0.75,
+            support: 0.0,
+            order: 7,
+            tolerance: 1.0,
+        };
+        // ρ = 0.5, d - r = 2: ρ^8 / 4 = 9.8e-4.
+        let (a, b) = (cell(0.0, 1.0, 1e-3), cell(4.0, 1.0, 1.0));
+        assert!(mac.accepts(&a, &b) && mac.accepts(&b, &a));
+        let weak = cell(0.0, 1.0, 9e-4);
+        assert!(!mac.accepts(&weak, &b) && !mac.accepts(&b, &weak));
+        let unknown = cell(0.0, 1.0, 0.0);
+        assert!(mac.accepts(&unknown, &b) && mac.accepts(&b, &unknown));
     }
 
     #[test]
     fn only_targets_receive_and_each_of_their_pairs_once() {
         let n = 600;
         let active = |i: usize| i % 7 == 3;
-        let (cover, far) = cover(n, active);
+        let (cover, far) = cover(n, active, 0.0);
         assert!(far > 0, "the test must exercise far pairs");
         for i in 0..n {
             for j in 0..n {

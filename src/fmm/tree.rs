@@ -21,6 +21,10 @@ pub struct Cell {
     pub r_max: f64,
     /// Total mass.
     pub mass: f64,
+    /// The weakest acceleration any of its particles is expected to feel (an f32 value,
+    /// rounded down), which the error-controlled MAC holds each interaction's error to a
+    /// fraction of; 0 when not known (the MAC is then geometric only).
+    pub accel: f64,
     /// First particle (in sorted order).
     pub begin: u32,
     /// One past the last particle.
@@ -334,6 +338,42 @@ impl Tree {
                 cell.r_max = m[4];
             });
         Ok(())
+    }
+
+    /// Sets every own cell's `accel` to the smallest of `expected` (a magnitude per
+    /// particle, in the caller's order as given to `build`) over its particles, rounded
+    /// down to an f32 (other ranks receive it in f32 and must decide alike on it); without
+    /// `expected`, to 0 (unknown: the MAC is then geometric only).
+    pub fn set_expected_accel(&mut self, expected: Option<&[f64]>) {
+        let own = self.own_cells;
+        let Some(expected) = expected else {
+            self.cells[..own].par_iter_mut().for_each(|c| c.accel = 0.0);
+            return;
+        };
+        let order = &self.order;
+        let weakest = |b: u32, e: u32| {
+            (b..e)
+                .map(|i| expected[order[i as usize] as usize])
+                .fold(f64::INFINITY, f64::min)
+        };
+        // Deepest level first, each cell from its children (the leaves from particles).
+        for level in (0..self.depth()).rev() {
+            let (lo, hi) = (self.level_start[level], self.level_start[level + 1]);
+            let (done, rest) = self.cells.split_at_mut(hi);
+            let this_level = &mut done[lo..];
+            this_level
+                .par_iter_mut()
+                .with_min_len(256)
+                .for_each(|cell| {
+                    cell.accel = if cell.is_leaf() {
+                        f32_at_most(weakest(cell.begin, cell.end))
+                    } else {
+                        cell.children()
+                            .map(|ch| rest[ch as usize - hi].accel)
+                            .fold(f64::INFINITY, f64::min)
+                    };
+                });
+        }
     }
 
     /// Each cell's mass, centre and radius, as `set_moments` takes them.
@@ -826,6 +866,19 @@ pub fn quantise_position(position: [f64; 3], centre: [f64; 3], r_max: f64) -> [i
 pub fn dequantise_position(q: [i32; 3], centre: [f64; 3], r_max: f64) -> [f64; 3] {
     let step = r_max / WIRE_POSITION_STEPS;
     std::array::from_fn(|k| centre[k] + f64::from(q[k]) * step)
+}
+
+/// The largest f32 value not above `x` (0 for a negative or NaN `x`).
+fn f32_at_most(x: f64) -> f64 {
+    if x.is_nan() || x <= 0.0 {
+        return 0.0;
+    }
+    let y = x as f32;
+    if f64::from(y) > x {
+        f64::from(y.next_down())
+    } else {
+        f64::from(y)
+    }
 }
 
 /// The smallest f32-representable value not below `x` (a radius rounded up still bounds).

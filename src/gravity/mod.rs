@@ -91,6 +91,9 @@ pub enum GravityError {
     /// A device's sort of the particles into tree order is not one (`Tree::adopt_sorted`).
     #[error("GPU backend: {0}")]
     NotSorted(#[from] crate::fmm::tree::NotSorted),
+    /// An evaluation the error-controlled MAC (`FmmSettings::accuracy`) does not run yet.
+    #[error("the FMM's accuracy target {0}")]
+    AccuracyUnsupported(&'static str),
     /// The FMM's buffers kept overflowing.
     #[error("the FMM buffers still overflowed after {retries} retries; raise gravity.cap_growth")]
     CapsDiverged {

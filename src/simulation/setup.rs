@@ -96,6 +96,7 @@ pub fn make_solver<C: Communicator + 'static>(
             let settings = FmmSettings {
                 order: gravity.order as usize,
                 theta: gravity.theta,
+                accuracy: 0.0,
                 leaf_size: gravity.leaf_size as usize,
                 softening,
                 g,

@@ -1,0 +1,99 @@
+//! The accuracy test set (issue 42): on each distribution, the FMM with an accuracy target
+//! (the error-controlled MAC, `FmmSettings::accuracy`) against direct summation on 4 000
+//! random particles plus the 500 with the weakest forces and the 500 farthest from the
+//! centre, where the errors of a geometric MAC concentrate. Asserted: p99 ≤ accuracy,
+//! max ≤ 10 × accuracy and aggL2 ≤ 0.3 × accuracy, at 1e-3, 1e-4 and 1e-5.
+
+use leapfmm::fmm::{FmmSettings, FmmSolver};
+use leapfmm::gravity::accuracy::{AccuracyStats, Reference, sample_indices, tail_indices};
+use leapfmm::gravity::{Softening, SofteningKernel};
+use leapfmm::workloads::Workload;
+
+/// Particles of each distribution: small enough for every case to take about a second,
+/// and the regime where the tail was worst (it grows as N falls).
+const N: usize = 10_000;
+
+/// Random targets and the size of each half of the tail.
+const RANDOM: usize = 4_000;
+const TAIL: usize = 500;
+
+/// The errors of one evaluation of `w` at `accuracy` (0: the geometric MAC alone, the
+/// defaults of order, θ and leaf size otherwise) over the random targets and the tail.
+fn errors(w: Workload, accuracy: f64) -> AccuracyStats {
+    let p = w.particles(N, 1);
+    let softening = Softening {
+        kernel: SofteningKernel::Spline,
+        epsilon: w.softening(N),
+    };
+    let settings = FmmSettings {
+        accuracy,
+        ..FmmSettings::defaults(softening, w.g())
+    };
+    let mut solver = FmmSolver::new(settings, None);
+    let mut acc = vec![[0.0; 3]; N];
+    let mut pot = vec![0.0; N];
+    solver
+        .evaluate(&p.pos, &p.mass, &p.id, &mut acc, &mut pot)
+        .expect("an FMM evaluation of the test set");
+    let random = sample_indices(N, RANDOM, 7);
+    let tail = tail_indices(&p.pos, &p.mass, &acc, TAIL);
+    let reference = Reference::at(&p.pos, &p.mass, &[&random, &tail], w.g(), softening);
+    reference.compare(&acc, reference.indices())
+}
+
+/// Asserts the accuracy's bounds on `w` at each accuracy.
+fn honours_the_accuracy(w: Workload) {
+    for accuracy in [1e-3, 1e-4, 1e-5] {
+        let e = errors(w, accuracy);
+        let case = format!("{} at accuracy {accuracy:.0e}: {e:?}", w.name());
+        assert!(e.count >= RANDOM, "{case}");
+        assert!(e.p99 <= accuracy, "p99 above the accuracy, {case}");
+        assert!(
+            e.max <= 10.0 * accuracy,
+            "max above 10x the accuracy, {case}"
+        );
+        assert!(
+            e.agg_l2 <= 0.3 * accuracy,
+            "aggL2 above 0.3x the accuracy, {case}"
+        );
+    }
+}
+
+#[test]
+fn plummer_sphere() {
+    honours_the_accuracy(Workload::Plummer);
+}
+
+#[test]
+fn hernquist_cusp() {
+    honours_the_accuracy(Workload::HernquistCusp);
+}
+
+#[test]
+fn disk_in_a_truncated_halo() {
+    honours_the_accuracy(Workload::TruncatedHalo);
+}
+
+#[test]
+fn two_galaxies_far_apart() {
+    honours_the_accuracy(Workload::TwoGalaxies);
+}
+
+#[test]
+fn cold_uniform_cube() {
+    honours_the_accuracy(Workload::UniformCube);
+}
+
+#[test]
+fn one_tight_clump() {
+    honours_the_accuracy(Workload::Clump);
+}
+
+/// The set tells the criteria apart: the geometric MAC at its default θ breaks the max
+/// bound of accuracy 1e-3 on the truncated halo (6e-2 when this was written), which is why
+/// the accuracy target exists.
+#[test]
+fn the_geometric_mac_fails_the_truncated_halo() {
+    let e = errors(Workload::TruncatedHalo, 0.0);
+    assert!(e.max > 1e-2, "{e:?}");
+}
