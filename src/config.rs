@@ -111,6 +111,10 @@ pub struct GravityConfig {
     /// FMM opening angle parameter.
     #[serde(default = "default_theta")]
     pub theta: f64,
+    /// Relative force error the FMM holds every particle to (the error-controlled MAC);
+    /// 0 for the geometric MAC of `theta` alone.
+    #[serde(default)]
+    pub accuracy: f64,
     /// Most particles in an FMM leaf.
     #[serde(default = "default_leaf_size")]
     pub leaf_size: i64,
@@ -557,6 +561,13 @@ fn validate_gravity(s: &SourceText, g: &GravityConfig) -> Result<(), ConfigError
             "gravity.theta",
             g.theta,
             "the opening angle parameter must lie strictly between 0 and 1",
+        ));
+    }
+    if !(g.accuracy.is_finite() && (0.0..1.0).contains(&g.accuracy)) {
+        return Err(s.invalid(
+            "gravity.accuracy",
+            g.accuracy,
+            "the accuracy target must be a relative error in [0, 1) (0: the opening angle alone)",
         ));
     }
     if !(1..=65_536).contains(&g.leaf_size) {

@@ -13,9 +13,12 @@ use std::time::{Duration, Instant};
 
 const T_END: f64 = 16.0;
 
+/// The run's gravity: direct summation, or for the runs named `accurate*` the FMM with an
+/// accuracy target (whose walk depends on the last evaluation's accelerations, so a resume
+/// must bring those back exactly).
 fn setup(name: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
-    let cfg = plummer_config(
+    let mut cfg = plummer_config(
         name,
         2000,
         T_END,
@@ -23,6 +26,12 @@ fn setup(name: &str) -> (tempfile::TempDir, PathBuf) {
         "",
         "snapshot_interval = 8.0\ncheckpoint_interval = 4.0\nsnapshot_precision = \"double\"\nkeep_checkpoints = 10",
     );
+    if name.starts_with("accurate") {
+        cfg = cfg.replace(
+            "solver = \"direct\"",
+            "solver = \"fmm\"\nleaf_size = 32\naccuracy = 1e-3",
+        );
+    }
     let path = write(dir.path(), "run.toml", &cfg);
     (dir, path)
 }
@@ -141,6 +150,24 @@ fn kill_9_after_a_checkpoint_then_resume_is_bit_exact() {
     let _ = child.wait();
     assert!(!final_snapshot(dir.path(), "kill").exists());
     resume_and_compare(dir.path(), &cfg, "kill", &reference);
+}
+
+#[test]
+fn with_an_accuracy_target_kill_9_then_resume_is_bit_exact() {
+    let reference = straight("accurate");
+    let (dir, cfg) = setup("accurate");
+    let mut child = spawn(dir.path(), &cfg, false, None);
+    wait_for("a mid-run checkpoint", || {
+        checkpoints(dir.path(), "accurate")
+            .iter()
+            .filter(|n| n.ends_with(".ckpt"))
+            .count()
+            >= 2
+    });
+    child.kill().unwrap();
+    let _ = child.wait();
+    assert!(!final_snapshot(dir.path(), "accurate").exists());
+    resume_and_compare(dir.path(), &cfg, "accurate", &reference);
 }
 
 #[test]

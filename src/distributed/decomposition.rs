@@ -156,6 +156,7 @@ fn sort_by_unit(mut pairs: Vec<(u64, f64)>) -> Vec<(u64, f64)> {
 struct Record {
     pos: [f64; 3],
     vel: [f64; 3],
+    acc: [f64; 3],
     mass: f64,
     work: f64,
     id: u64,
@@ -169,8 +170,9 @@ fn component_code(c: Component) -> u64 {
 
 /// Moves every particle (with its work) to its owner (`owners[i]`, particle i's rank from
 /// `Domains::owners` of the keys `balance` had). Particles that stay keep their order (and their accelerations and potentials); the arrivals follow, by source
-/// rank, then in the source's order, with zero accelerations and potentials until the next
-/// evaluation: deterministic. Velocities and block-scheme rungs are kept when any rank has
+/// rank, then in the source's order, with their accelerations (the accuracy target's
+/// expectation, `fmm::solver::Evaluation::expected_accel`) and zero potentials until the
+/// next evaluation: deterministic. Velocities and block-scheme rungs are kept when any rank has
 /// them. Returns how many left.
 pub fn migrate(
     comm: &dyn Communicator,
@@ -192,6 +194,7 @@ pub fn migrate(
             outgoing[owner].push(Record {
                 pos: p.pos[i],
                 vel: p.vel.get(i).copied().unwrap_or([0.0; 3]),
+                acc: p.acc.get(i).copied().unwrap_or([0.0; 3]),
                 mass: p.mass[i],
                 work: work.get(i).copied().unwrap_or(0.0),
                 id: p.id[i],
@@ -215,6 +218,7 @@ pub fn migrate(
         keep(work, &stays);
     }
     work.resize(p.len(), 0.0);
+    p.acc.resize(p.len(), [0.0; 3]);
     for r in incoming.iter().flatten() {
         let c = Component::ALL
             .get(r.component as usize)
@@ -224,6 +228,7 @@ pub fn migrate(
         if has_vel {
             p.vel.push(r.vel);
         }
+        p.acc.push(r.acc);
         p.mass.push(r.mass);
         p.id.push(r.id);
         p.component.push(c);

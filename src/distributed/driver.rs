@@ -16,7 +16,7 @@ use crate::fmm::FmmStats;
 use crate::fmm::backend::{DevicePasses, ResidentPasses};
 use crate::fmm::caps::{CapKind, Caps};
 use crate::fmm::presets::PresetsStore;
-use crate::fmm::solver::Evaluation;
+use crate::fmm::solver::{Evaluation, magnitudes};
 use crate::fmm::{FmmSettings, FmmSolver};
 use crate::gravity::{
     ForceReport, GravityError, GravitySolver, ResidentState, active_flags, check_finite,
@@ -196,12 +196,28 @@ impl<C: Communicator> DistributedFmm<C> {
                 && self.device.as_ref().is_some_and(|d| d.moves_payload()),
             routes: None,
         };
+        // The accuracy target's expectations: the last evaluation's accelerations, when any
+        // rank has some (all decide alike; a fresh run's first evaluation finds them), and
+        // every rank's mass.
+        let (expected, total_mass) = if settings.accuracy > 0.0 {
+            let known = particles.acc.iter().any(|a| *a != [0.0; 3]);
+            let local = [
+                particles.mass.iter().sum::<f64>(),
+                f64::from(u8::from(known)),
+            ];
+            let sums = allreduce_sum(comm, &local).map_err(comm_err)?;
+            let expected = (sums[1] > 0.0).then(|| magnitudes(&particles.acc));
+            (expected, Some(sums[0]))
+        } else {
+            (None, None)
+        };
         let with = Evaluation {
             eps: eps.as_deref(),
             cube: Some(cube),
             remote: Some(&mut exchange),
             active,
-            expected_accel: None,
+            expected_accel: expected.as_deref(),
+            total_mass,
         };
         let fmm = match &mut self.device {
             None => self.solver.evaluate_with(

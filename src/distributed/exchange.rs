@@ -12,6 +12,7 @@ use crate::fmm::FmmStats;
 use crate::fmm::caps::{CapKind, Caps, CapsTracker};
 use crate::fmm::p2p::NearFieldPrecision;
 use crate::fmm::remote::{RemoteSource, RemoteTree};
+use crate::fmm::traversal::Mac;
 use crate::fmm::tree::Tree;
 use crate::gravity::GravityError;
 use rayon::prelude::*;
@@ -108,6 +109,7 @@ impl RemoteSource for Exchange<'_> {
         tree: &Tree,
         multipoles: &[f64],
         len: usize,
+        mac: Mac,
         caps: &mut CapsTracker,
         stats: &mut FmmStats,
     ) -> Result<Vec<RemoteTree>, GravityError> {
@@ -116,7 +118,6 @@ impl RemoteSource for Exchange<'_> {
         if k == 1 {
             return Ok(Vec::new());
         }
-        let mac = self.settings.mac();
         // Geometry: every rank's coarse top, then, round by round, the children of the
         // cells each exporter's walk needs to open.
         let min_count = COARSE_LEAVES * self.settings.leaf_size.max(1);

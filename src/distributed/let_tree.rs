@@ -26,6 +26,7 @@ fn top_cell(tree: &Tree, index: u32) -> TopCell {
     TopCell {
         centre: c.centre.map(|v| v as f32),
         r_max: c.r_max as f32,
+        accel: c.accel as f32,
         first_child: if c.is_leaf() { 0 } else { CHILDREN_NOT_SENT },
         child_count: c.child_count as u32,
     }
@@ -193,6 +194,7 @@ impl ExportWalk {
             let mut entry = LetCell {
                 centre: cell.centre,
                 r_max: cell.r_max,
+                accel: cell.accel,
                 flags: if cell.is_leaf() { TREE_LEAF } else { 0 },
                 ..LetCell::zeroed()
             };
@@ -252,6 +254,7 @@ pub fn import(packet: &LetPacket, len: usize) -> RemoteTree {
             .map(|c| Cell {
                 centre: c.centre,
                 r_max: c.r_max,
+                accel: c.accel,
                 begin: c.begin,
                 end: c.end,
                 first_child: c.first_child,

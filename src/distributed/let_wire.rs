@@ -19,6 +19,9 @@ pub struct TopCell {
     pub centre: [f32; 3],
     /// Bounding radius about the centre.
     pub r_max: f32,
+    /// The weakest acceleration its particles are expected to feel (`Cell::accel`; 0 when
+    /// not known), which the error-controlled MAC tests.
+    pub accel: f32,
     /// First child (children contiguous); `CHILDREN_NOT_SENT` for a cell sent without them.
     pub first_child: u32,
     /// Number of children in the owner's tree (0 for a leaf).
@@ -31,6 +34,7 @@ impl TopCell {
         Cell {
             centre: self.centre.map(f64::from),
             r_max: f64::from(self.r_max),
+            accel: f64::from(self.accel),
             child_count: self.child_count as u8,
             ..Cell::default()
         }
@@ -51,18 +55,19 @@ impl TopCell {
 }
 
 /// Bytes of one cell's geometry on the wire (`encode_geometry`).
-pub(super) const GEOMETRY_BYTES: usize = 17;
+pub(super) const GEOMETRY_BYTES: usize = 21;
 
 /// `encode_geometry`'s flag in the byte of the child count: the children follow.
 pub(super) const CHILDREN_FOLLOW: u8 = 0x80;
 
-/// Cells' geometry as bytes, 17 per cell: centre and radius (f32, little-endian) and the
+/// Cells' geometry as bytes, 21 per cell: centre, radius and expected acceleration (f32,
+/// little-endian) and the
 /// number of children, flagged when the children were sent too (then they come later in the
 /// same list, breadth first, children contiguous, as in `SentGeometry::coarse`).
 pub fn encode_geometry(cells: &[TopCell]) -> Vec<u8> {
     let mut out = Vec::with_capacity(cells.len() * GEOMETRY_BYTES);
     for c in cells {
-        for v in c.centre.iter().chain([&c.r_max]) {
+        for v in c.centre.iter().chain([&c.r_max, &c.accel]) {
             out.extend_from_slice(&v.to_le_bytes());
         }
         let follow = if c.child_count > 0 && !c.hides_children() {
@@ -92,10 +97,11 @@ pub fn decode_geometry(bytes: &[u8]) -> Result<Vec<TopCell>, String> {
                 record[4 * k + 3],
             ])
         };
-        let count = u32::from(record[16] & !CHILDREN_FOLLOW);
+        let flags = record[20];
+        let count = u32::from(flags & !CHILDREN_FOLLOW);
         let first_child = if count == 0 {
             0
-        } else if record[16] & CHILDREN_FOLLOW != 0 {
+        } else if flags & CHILDREN_FOLLOW != 0 {
             next += count;
             next - count
         } else {
@@ -104,6 +110,7 @@ pub fn decode_geometry(bytes: &[u8]) -> Result<Vec<TopCell>, String> {
         out.push(TopCell {
             centre: [f(0), f(1), f(2)],
             r_max: f(3),
+            accel: f(4),
             first_child,
             child_count: count,
         });
@@ -132,6 +139,8 @@ pub struct LetCell {
     pub centre: [f64; 3],
     /// Bounding radius.
     pub r_max: f64,
+    /// Expected weakest acceleration (`Cell::accel`).
+    pub accel: f64,
     /// First child (children contiguous); 0 when no children were sent.
     pub first_child: u32,
     /// Particle range (empty unless the particles were sent).
@@ -257,6 +266,7 @@ pub(super) fn read_cells(
         let mut c = LetCell {
             centre: top.centre.map(f64::from),
             r_max: f64::from(top.r_max),
+            accel: f64::from(top.accel),
             flags: if top.child_count == 0 { TREE_LEAF } else { 0 },
             ..LetCell::zeroed()
         };
@@ -749,6 +759,7 @@ mod tests {
         let top = |centre: [f32; 3], r_max: f32, first_child: u32, child_count: u32| TopCell {
             centre,
             r_max,
+            accel: 0.0,
             first_child,
             child_count,
         };
@@ -760,11 +771,12 @@ mod tests {
     }
 
     #[test]
-    fn geometry_travels_in_17_bytes_a_cell_and_comes_back_exactly() {
+    fn geometry_travels_in_21_bytes_a_cell_and_comes_back_exactly() {
         let mut cells = geometry();
         cells.push(TopCell {
             centre: [0.1, -0.2, 1e-30],
             r_max: 3.5,
+            accel: 2.5e-7,
             first_child: CHILDREN_NOT_SENT,
             child_count: 8,
         });
@@ -891,6 +903,7 @@ mod tests {
         let leaf_geometry = TopCell {
             centre: [0.0; 3],
             r_max: 1.0,
+            accel: 0.0,
             first_child: 0,
             child_count: 0,
         };

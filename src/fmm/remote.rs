@@ -4,6 +4,7 @@
 
 use super::caps::CapsTracker;
 use super::stats::FmmStats;
+use super::traversal::Mac;
 use super::tree::{Cell, Tree};
 use crate::gravity::GravityError;
 
@@ -26,7 +27,8 @@ pub struct RemoteTree {
 /// Supplies the other ranks' locally essential trees once the local tree and its multipoles
 /// exist (the distributed driver's exchange).
 pub trait RemoteSource {
-    /// The remote trees for this rank, given its tree and multipoles (`len` values per cell).
+    /// The remote trees for this rank, given its tree and multipoles (`len` values per cell),
+    /// for a walk with `mac` (the exporters emulate it to choose what to send).
     /// The exchange receives through buffers capped by `caps` (LET kinds), grows them on
     /// overflow and retries, and records its retries and use in `stats`.
     fn remote_trees(
@@ -34,6 +36,7 @@ pub trait RemoteSource {
         tree: &Tree,
         multipoles: &[f64],
         len: usize,
+        mac: Mac,
         caps: &mut CapsTracker,
         stats: &mut FmmStats,
     ) -> Result<Vec<RemoteTree>, GravityError>;

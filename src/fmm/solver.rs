@@ -152,7 +152,7 @@ enum TreeInput<'a> {
 
 /// How one evaluation differs from the plain single-rank one (`Default`).
 #[derive(Default)]
-pub struct Evaluation<'a> {
+pub struct Evaluation<'a, 'r> {
     /// Every particle's own softening length (a pair uses the larger of its two);
     /// `settings.softening.epsilon` must then be the largest (it sets the far pairs'
     /// minimum separation).
@@ -161,7 +161,7 @@ pub struct Evaluation<'a> {
     pub cube: Option<BoundingCube>,
     /// The other ranks' particles (their locally essential trees), brought in after the
     /// local upward pass.
-    pub remote: Option<&'a mut dyn RemoteSource>,
+    pub remote: Option<&'r mut dyn RemoteSource>,
     /// Forces only for the flagged particles (block time steps); the others' values are
     /// left as they are.
     pub active: Option<&'a [bool]>,
@@ -170,6 +170,9 @@ pub struct Evaluation<'a> {
     /// fraction of. Without it, an evaluation with `accuracy` first evaluates with the
     /// geometric MAC alone to find it.
     pub expected_accel: Option<&'a [f64]>,
+    /// The total mass of every rank's particles (the accuracy's allowance is shared by mass,
+    /// `Mac`); this rank's own when not given.
+    pub total_mass: Option<f64>,
 }
 
 /// A reusable FMM solver: buffers and caps persist between evaluations.
@@ -315,7 +318,7 @@ impl FmmSolver {
         acc: &mut [[f64; 3]],
         pot: &mut [f64],
     ) -> Result<FmmStats, GravityError> {
-        if self.settings.accuracy > 0.0 && with.expected_accel.is_none() && with.remote.is_none() {
+        if self.settings.accuracy > 0.0 && with.expected_accel.is_none() {
             return self.evaluate_twice(pos, mass, id, with, acc, pot);
         }
         let n = pos.len();
@@ -367,10 +370,15 @@ impl FmmSolver {
         acc: &mut [[f64; 3]],
         pot: &mut [f64],
     ) -> Result<FmmStats, GravityError> {
+        let mut with = with;
         let accuracy = std::mem::replace(&mut self.settings.accuracy, 0.0);
         let first_with = Evaluation {
             eps: with.eps,
             cube: with.cube,
+            remote: with
+                .remote
+                .as_mut()
+                .map(|r| &mut **r as &mut dyn RemoteSource),
             active: with.active,
             ..Evaluation::default()
         };
@@ -381,9 +389,10 @@ impl FmmSolver {
         let with = Evaluation {
             eps: with.eps,
             cube: with.cube,
-            remote: None,
+            remote: with.remote,
             active: with.active,
             expected_accel: Some(&expected),
+            total_mass: with.total_mass,
         };
         let mut stats = self.evaluate_with(pos, mass, id, with, acc, pot)?;
         stats.add_first_pass(&first);
@@ -525,6 +534,7 @@ impl FmmSolver {
             remote,
             active,
             expected_accel,
+            total_mass,
         } = with;
         let n = id.len();
         if !self.caps_known {
@@ -609,11 +619,11 @@ impl FmmSolver {
             }
         }
         if mac.tolerance > 0.0 {
-            // Other ranks' walks would need each cell's expected acceleration too, and the
-            // device walk (kernels/walk.cu) does not test the error yet.
-            if remote.is_some() || device_tree.is_some() {
+            // The device walk (kernels/walk.cu) does not test the error yet, and a device
+            // that sorts keeps the accelerations to expect.
+            if device_tree.is_some() {
                 return Err(GravityError::AccuracyUnsupported(
-                    "runs on one rank on the CPU only, for now (not with other ranks or a GPU)",
+                    "runs on the CPU only, for now (not with the GPU backend)",
                 ));
             }
             if expected_accel.is_none_or(|e| e.len() != n) || self.tree.order.len() != n {
@@ -623,8 +633,9 @@ impl FmmSolver {
             }
             self.tree.set_expected_accel(expected_accel);
             // The share of the allowance of each source is its share of the total mass.
-            if let Some(root) = self.tree.cells.first() {
-                mac.tolerance /= root.mass;
+            let total = total_mass.or_else(|| self.tree.cells.first().map(|root| root.mass));
+            if let Some(total) = total.filter(|&m| m > 0.0) {
+                mac.tolerance /= total;
             }
         } else {
             self.tree.set_expected_accel(None);
@@ -646,9 +657,14 @@ impl FmmSolver {
         if let Some(source) = remote {
             let t0 = Instant::now();
             let placeholders = source.payload_on_device();
-            for r in
-                source.remote_trees(&self.tree, &self.multipoles, len, &mut self.tracker, stats)?
-            {
+            for r in source.remote_trees(
+                &self.tree,
+                &self.multipoles,
+                len,
+                mac,
+                &mut self.tracker,
+                stats,
+            )? {
                 if r.cells.is_empty() {
                     continue;
                 }

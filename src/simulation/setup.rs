@@ -54,6 +54,8 @@ pub fn choose_backend(spec: &RunSpec, thread_ranks: usize) -> Result<Chosen, Run
         Some("needs one softening length for every particle")
     } else if g.near_field == NearFieldPrecision::Double {
         Some("has the mixed-precision near field only")
+    } else if g.accuracy > 0.0 {
+        Some("walks with the opening angle only (no gravity.accuracy) for now")
     } else {
         None
     };
@@ -96,7 +98,7 @@ pub fn make_solver<C: Communicator + 'static>(
             let settings = FmmSettings {
                 order: gravity.order as usize,
                 theta: gravity.theta,
-                accuracy: 0.0,
+                accuracy: gravity.accuracy,
                 leaf_size: gravity.leaf_size as usize,
                 softening,
                 g,
