@@ -4,6 +4,7 @@
 //! centre, where the errors of a geometric MAC concentrate. Asserted: p99 ≤ accuracy,
 //! max ≤ 10 × accuracy and aggL2 ≤ 0.3 × accuracy, at 1e-3, 1e-4 and 1e-5.
 
+use leapfmm::fmm::solver::{Evaluation, magnitudes};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::accuracy::{AccuracyStats, Reference, sample_indices, tail_indices};
 use leapfmm::gravity::{Softening, SofteningKernel};
@@ -96,4 +97,56 @@ fn one_tight_clump() {
 fn the_geometric_mac_fails_the_truncated_halo() {
     let e = errors(Workload::TruncatedHalo, 0.0);
     assert!(e.max > 1e-2, "{e:?}");
+}
+
+/// A block sub-step walks for the cells of its active particles only (the lists of the
+/// others are left out); those particles get the accuracy all the same, tail included.
+#[test]
+fn active_particles_of_a_block_step_get_the_accuracy_too() {
+    let w = Workload::TruncatedHalo;
+    let p = w.particles(N, 1);
+    let softening = Softening {
+        kernel: SofteningKernel::Spline,
+        epsilon: w.softening(N),
+    };
+    let accuracy = 1e-3;
+    let settings = FmmSettings {
+        accuracy,
+        ..FmmSettings::defaults(softening, w.g())
+    };
+    let mut solver = FmmSolver::new(settings, None);
+    let mut acc = vec![[0.0; 3]; N];
+    let mut pot = vec![0.0; N];
+    solver
+        .evaluate(&p.pos, &p.mass, &p.id, &mut acc, &mut pot)
+        .expect("a full evaluation");
+    // Every third particle and the tail are active; the others keep a marker.
+    let tail = tail_indices(&p.pos, &p.mass, &acc, TAIL);
+    let mut active: Vec<bool> = (0..N).map(|i| i % 3 == 0).collect();
+    for &i in &tail {
+        active[i] = true;
+    }
+    let expected = magnitudes(&acc);
+    let marker = [7.0; 3];
+    for (a, &on) in acc.iter_mut().zip(&active) {
+        if on {
+            *a = marker;
+        }
+    }
+    let with = Evaluation {
+        active: Some(&active),
+        expected_accel: Some(&expected),
+        ..Evaluation::default()
+    };
+    solver
+        .evaluate_with(&p.pos, &p.mass, &p.id, with, &mut acc, &mut pot)
+        .expect("an evaluation for the active particles");
+    let chosen: Vec<usize> = (0..N).filter(|&i| active[i]).collect();
+    assert!(
+        chosen.iter().all(|&i| acc[i] != marker),
+        "every active particle received"
+    );
+    let reference = Reference::at(&p.pos, &p.mass, &[&chosen], w.g(), softening);
+    let e = reference.compare(&acc, reference.indices());
+    assert!(e.p99 <= accuracy && e.max <= 10.0 * accuracy, "{e:?}");
 }

@@ -133,14 +133,15 @@ fn sigterm_at_a_random_moment_then_resume_is_bit_exact() {
     resume_and_compare(dir.path(), &cfg, "term", &reference);
 }
 
-#[test]
-fn kill_9_after_a_checkpoint_then_resume_is_bit_exact() {
-    let reference = straight("kill");
-    let (dir, cfg) = setup("kill");
+/// Kills the run `name` (SIGKILL) once it has written a mid-run checkpoint, then resumes
+/// it and compares with a straight run.
+fn kill_9_after_a_checkpoint_then_resume(name: &str) {
+    let reference = straight(name);
+    let (dir, cfg) = setup(name);
     let mut child = spawn(dir.path(), &cfg, false, None);
     // Checkpoints at steps 0 and at t = 4, 8, 12, 16: wait for the second one.
     wait_for("a mid-run checkpoint", || {
-        checkpoints(dir.path(), "kill")
+        checkpoints(dir.path(), name)
             .iter()
             .filter(|n| n.ends_with(".ckpt"))
             .count()
@@ -148,26 +149,18 @@ fn kill_9_after_a_checkpoint_then_resume_is_bit_exact() {
     });
     child.kill().unwrap();
     let _ = child.wait();
-    assert!(!final_snapshot(dir.path(), "kill").exists());
-    resume_and_compare(dir.path(), &cfg, "kill", &reference);
+    assert!(!final_snapshot(dir.path(), name).exists());
+    resume_and_compare(dir.path(), &cfg, name, &reference);
+}
+
+#[test]
+fn kill_9_after_a_checkpoint_then_resume_is_bit_exact() {
+    kill_9_after_a_checkpoint_then_resume("kill");
 }
 
 #[test]
 fn with_an_accuracy_target_kill_9_then_resume_is_bit_exact() {
-    let reference = straight("accurate");
-    let (dir, cfg) = setup("accurate");
-    let mut child = spawn(dir.path(), &cfg, false, None);
-    wait_for("a mid-run checkpoint", || {
-        checkpoints(dir.path(), "accurate")
-            .iter()
-            .filter(|n| n.ends_with(".ckpt"))
-            .count()
-            >= 2
-    });
-    child.kill().unwrap();
-    let _ = child.wait();
-    assert!(!final_snapshot(dir.path(), "accurate").exists());
-    resume_and_compare(dir.path(), &cfg, "accurate", &reference);
+    kill_9_after_a_checkpoint_then_resume("accurate");
 }
 
 #[test]
