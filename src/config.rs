@@ -105,9 +105,9 @@ pub struct GravityConfig {
     /// Softening kernel.
     #[serde(default)]
     pub kernel: SofteningKernel,
-    /// FMM expansion order.
-    #[serde(default = "default_order")]
-    pub order: i64,
+    /// FMM expansion order (default: `DEFAULT_ORDER`, or `ACCURATE_ORDER` with an accuracy
+    /// target; `Gravity::order`).
+    pub order: Option<i64>,
     /// FMM opening angle parameter.
     #[serde(default = "default_theta")]
     pub theta: f64,
@@ -128,11 +128,8 @@ pub struct GravityConfig {
     pub cap_growth: f64,
 }
 
-pub use crate::fmm::solver::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
+pub use crate::fmm::solver::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA, default_order};
 
-fn default_order() -> i64 {
-    DEFAULT_ORDER as i64
-}
 fn default_theta() -> f64 {
     DEFAULT_THETA
 }
@@ -144,6 +141,12 @@ fn default_cap_growth() -> f64 {
 }
 
 impl GravityConfig {
+    /// The FMM expansion order: the one given, else the default for the accuracy target.
+    pub fn order(&self) -> usize {
+        self.order
+            .map_or_else(|| default_order(self.accuracy), |o| o.max(1) as usize)
+    }
+
     /// The softening this section describes.
     pub fn softening(&self) -> Softening {
         Softening {
@@ -549,10 +552,10 @@ fn validate_gravity(s: &SourceText, g: &GravityConfig) -> Result<(), ConfigError
             "the softening length must be a finite number >= 0",
         ));
     }
-    if !(1..=MAX_ORDER as i64).contains(&g.order) {
+    if let Some(order) = g.order.filter(|o| !(1..=MAX_ORDER as i64).contains(o)) {
         return Err(s.invalid(
             "gravity.order",
-            g.order,
+            order,
             format!("the expansion order must be between 1 and {MAX_ORDER}"),
         ));
     }

@@ -48,9 +48,7 @@ fn cell_bytes(order: usize) -> u64 {
 /// process.
 pub fn host_bytes(g: &GravityConfig, n: u64, ranks: usize) -> u64 {
     let cells = match g.solver {
-        SolverKind::Fmm => {
-            n.div_ceil(g.leaf_size.max(1) as u64) * cell_bytes(g.order.max(0) as usize)
-        }
+        SolverKind::Fmm => n.div_ceil(g.leaf_size.max(1) as u64) * cell_bytes(g.order()),
         SolverKind::Direct => 0,
     };
     BASE_BYTES
@@ -187,7 +185,7 @@ mod tests {
         let base = host_bytes(&c, 1_000_000, 1);
         c.leaf_size = 8;
         assert!(host_bytes(&c, 1_000_000, 1) > base);
-        c.order = 12;
+        c.order = Some(12);
         assert!(cell_bytes(12) > cell_bytes(7));
         assert!(host_bytes(&config("direct"), 1_000_000, 1) < base);
     }

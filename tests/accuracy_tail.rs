@@ -4,7 +4,7 @@
 //! centre, where the errors of a geometric MAC concentrate. Asserted: p99 ≤ accuracy,
 //! max ≤ 10 × accuracy and aggL2 ≤ 0.3 × accuracy, at 1e-3, 1e-4 and 1e-5.
 
-use leapfmm::fmm::solver::{Evaluation, magnitudes};
+use leapfmm::fmm::solver::{Evaluation, default_order, magnitudes};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::accuracy::{AccuracyStats, Reference, sample_indices, tail_indices};
 use leapfmm::gravity::{Softening, SofteningKernel};
@@ -18,8 +18,9 @@ const N: usize = 10_000;
 const RANDOM: usize = 4_000;
 const TAIL: usize = 500;
 
-/// The errors of one evaluation of `w` at `accuracy` (0: the geometric MAC alone, the
-/// defaults of order, θ and leaf size otherwise) over the random targets and the tail.
+/// The errors of one evaluation of `w` at `accuracy` (0: the geometric MAC alone) with the
+/// defaults a user gets (order `default_order(accuracy)`, θ and leaf size) over the random
+/// targets and the tail.
 fn errors(w: Workload, accuracy: f64) -> AccuracyStats {
     let p = w.particles(N, 1);
     let softening = Softening {
@@ -28,6 +29,7 @@ fn errors(w: Workload, accuracy: f64) -> AccuracyStats {
     };
     let settings = FmmSettings {
         accuracy,
+        order: default_order(accuracy),
         ..FmmSettings::defaults(softening, w.g())
     };
     let mut solver = FmmSolver::new(settings, None);
@@ -112,6 +114,7 @@ fn active_particles_of_a_block_step_get_the_accuracy_too() {
     let accuracy = 1e-3;
     let settings = FmmSettings {
         accuracy,
+        order: default_order(accuracy),
         ..FmmSettings::defaults(softening, w.g())
     };
     let mut solver = FmmSolver::new(settings, None);

@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use leapfmm::config::Precision;
-use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
+use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_THETA, default_order};
 use leapfmm::fmm::caps::CapsPolicy;
 use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::solver::{Evaluation, magnitudes};
@@ -32,9 +32,9 @@ pub struct BenchArgs {
     /// Also run N = 1e7.
     #[arg(long)]
     large: bool,
-    /// Expansion order.
-    #[arg(long, default_value_t = DEFAULT_ORDER)]
-    order: usize,
+    /// Expansion order [default: 7, or 12 with --accuracy].
+    #[arg(long)]
+    order: Option<usize>,
     /// Opening angle parameter.
     #[arg(long, default_value_t = DEFAULT_THETA)]
     theta: f64,
@@ -255,7 +255,7 @@ pub fn execute(args: BenchArgs) -> Result<()> {
         for &w in &workloads {
             for &n in &sizes {
                 let knobs = Knobs {
-                    order: args.order,
+                    order: args.order.unwrap_or_else(|| default_order(args.accuracy)),
                     theta: args.theta,
                     accuracy: args.accuracy,
                     leaf: args.leaf_size,

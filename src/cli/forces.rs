@@ -5,7 +5,7 @@
 use anyhow::{Context, Result, bail};
 use clap::builder::TypedValueParser;
 use clap::{Args, ValueEnum};
-use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA};
+use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_THETA, default_order};
 #[cfg(any(feature = "mpi", feature = "cuda"))]
 use leapfmm::distributed::comm::Communicator;
 #[cfg(feature = "mpi")]
@@ -35,9 +35,9 @@ use std::time::Instant;
 pub struct ForcesArgs {
     /// GADGET-format HDF5 snapshot (multi-file: give the .0.hdf5 file).
     snapshot: PathBuf,
-    /// Expansion order p.
-    #[arg(long, default_value_t = DEFAULT_ORDER, value_parser = clap::value_parser!(u32).range(1..=MAX_ORDER as i64).map(|v| v as usize))]
-    order: usize,
+    /// Expansion order p [default: 7, or 12 with --accuracy].
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=MAX_ORDER as i64).map(|v| v as usize))]
+    order: Option<usize>,
     /// Opening angle parameter θ (0 < θ < 1).
     #[arg(long, default_value_t = DEFAULT_THETA, value_parser = parse_theta)]
     theta: f64,
@@ -177,7 +177,7 @@ pub fn execute(args: ForcesArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) 
     };
     let softening = Softening { kernel, epsilon };
     let settings = FmmSettings {
-        order: args.order,
+        order: args.order.unwrap_or_else(|| default_order(args.accuracy)),
         theta: args.theta,
         accuracy: args.accuracy,
         leaf_size: args.leaf_size,
@@ -193,7 +193,7 @@ pub fn execute(args: ForcesArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) 
         "{}: {n} particles read in {:.2} s; FMM p = {}, θ = {}, leaf size {}, {} softening ε = {epsilon}, G = {g}",
         path.display(),
         read_start.elapsed().as_secs_f64(),
-        args.order,
+        settings.order,
         args.theta,
         args.leaf_size,
         kernel.name()

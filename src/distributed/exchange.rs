@@ -119,10 +119,12 @@ impl RemoteSource for Exchange<'_> {
             return Ok(Vec::new());
         }
         // Geometry: every rank's coarse top, then, round by round, the children of the
-        // cells each exporter's walk needs to open.
+        // cells each exporter's walk needs to open; with the masses and expected
+        // accelerations when the walk controls the error (every rank has the same `mac`).
+        let for_error = mac.tolerance > 0.0;
         let min_count = COARSE_LEAVES * self.settings.leaf_size.max(1);
         let (coarse_sent, coarse) = SentGeometry::coarse(tree, min_count);
-        let coarse = allgatherv(comm, &encode_geometry(&coarse)).map_err(comm_err)?;
+        let coarse = allgatherv(comm, &encode_geometry(&coarse, for_error)).map_err(comm_err)?;
         let mut geometry_bytes: usize = (0..k).filter(|&r| r != me).map(|r| coarse[r].len()).sum();
         let mut sent = vec![coarse_sent; k];
         let mut walks = Vec::with_capacity(k);
@@ -130,7 +132,7 @@ impl RemoteSource for Exchange<'_> {
             let cells = if j == me {
                 Vec::new()
             } else {
-                decode_geometry(bytes).map_err(GravityError::Communication)?
+                decode_geometry(bytes, for_error).map_err(GravityError::Communication)?
             };
             walks.push(ExportWalk::new(tree, cells));
         }
@@ -145,12 +147,13 @@ impl RemoteSource for Exchange<'_> {
             let replies = sent
                 .iter_mut()
                 .zip(&asked)
-                .map(|(s, a)| s.children(tree, a).map(|c| encode_geometry(&c)))
+                .map(|(s, a)| s.children(tree, a).map(|c| encode_geometry(&c, for_error)))
                 .collect::<Result<Vec<_>, String>>()
                 .map_err(GravityError::Communication)?;
             let got = alltoallv(comm, &replies).map_err(comm_err)?;
             for ((w, r), g) in walks.iter_mut().zip(&requests).zip(&got) {
-                let children = decode_geometry(g).map_err(GravityError::Communication)?;
+                let children =
+                    decode_geometry(g, for_error).map_err(GravityError::Communication)?;
                 w.add_children(r, &children)
                     .map_err(GravityError::Communication)?;
                 geometry_bytes += g.len();

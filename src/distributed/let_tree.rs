@@ -26,6 +26,7 @@ fn top_cell(tree: &Tree, index: u32) -> TopCell {
     TopCell {
         centre: c.centre.map(|v| v as f32),
         r_max: c.r_max as f32,
+        mass: c.mass as f32,
         accel: c.accel as f32,
         first_child: if c.is_leaf() { 0 } else { CHILDREN_NOT_SENT },
         child_count: c.child_count as u32,
@@ -194,6 +195,7 @@ impl ExportWalk {
             let mut entry = LetCell {
                 centre: cell.centre,
                 r_max: cell.r_max,
+                mass: f64::from(cell.mass as f32),
                 accel: cell.accel,
                 flags: if cell.is_leaf() { TREE_LEAF } else { 0 },
                 ..LetCell::zeroed()
@@ -254,6 +256,7 @@ pub fn import(packet: &LetPacket, len: usize) -> RemoteTree {
             .map(|c| Cell {
                 centre: c.centre,
                 r_max: c.r_max,
+                mass: c.mass,
                 accel: c.accel,
                 begin: c.begin,
                 end: c.end,

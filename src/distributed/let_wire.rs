@@ -19,8 +19,10 @@ pub struct TopCell {
     pub centre: [f32; 3],
     /// Bounding radius about the centre.
     pub r_max: f32,
-    /// The weakest acceleration its particles are expected to feel (`Cell::accel`; 0 when
-    /// not known), which the error-controlled MAC tests.
+    /// Its mass in f32 and the weakest acceleration its particles are expected to feel
+    /// (`Cell::accel`; 0 when not known), which the error-controlled MAC tests.
+    pub mass: f32,
+    /// See `mass`.
     pub accel: f32,
     /// First child (children contiguous); `CHILDREN_NOT_SENT` for a cell sent without them.
     pub first_child: u32,
@@ -34,6 +36,7 @@ impl TopCell {
         Cell {
             centre: self.centre.map(f64::from),
             r_max: f64::from(self.r_max),
+            mass: f64::from(self.mass),
             accel: f64::from(self.accel),
             child_count: self.child_count as u8,
             ..Cell::default()
@@ -54,21 +57,32 @@ impl TopCell {
     }
 }
 
-/// Bytes of one cell's geometry on the wire (`encode_geometry`).
-pub(super) const GEOMETRY_BYTES: usize = 21;
+/// Bytes of one cell's geometry on the wire (`encode_geometry`): centre and radius (f32)
+/// and the child count.
+pub(super) const GEOMETRY_BYTES: usize = 17;
+
+/// Bytes the error-controlled MAC adds to each record: mass and expected acceleration.
+pub(super) const ERROR_BYTES: usize = 8;
 
 /// `encode_geometry`'s flag in the byte of the child count: the children follow.
 pub(super) const CHILDREN_FOLLOW: u8 = 0x80;
 
-/// Cells' geometry as bytes, 21 per cell: centre, radius and expected acceleration (f32,
-/// little-endian) and the
-/// number of children, flagged when the children were sent too (then they come later in the
-/// same list, breadth first, children contiguous, as in `SentGeometry::coarse`).
-pub fn encode_geometry(cells: &[TopCell]) -> Vec<u8> {
-    let mut out = Vec::with_capacity(cells.len() * GEOMETRY_BYTES);
+/// Cells' geometry as bytes, `GEOMETRY_BYTES` per cell: centre and radius (f32,
+/// little-endian), with `for_error` (a walk that controls the error) mass and expected
+/// acceleration too (`ERROR_BYTES` more), and the number of children, flagged when the
+/// children were sent too (then they come later in the same list, breadth first, children
+/// contiguous, as in `SentGeometry::coarse`).
+pub fn encode_geometry(cells: &[TopCell], for_error: bool) -> Vec<u8> {
+    let record = GEOMETRY_BYTES + if for_error { ERROR_BYTES } else { 0 };
+    let mut out = Vec::with_capacity(cells.len() * record);
     for c in cells {
-        for v in c.centre.iter().chain([&c.r_max, &c.accel]) {
+        for v in c.centre.iter().chain([&c.r_max]) {
             out.extend_from_slice(&v.to_le_bytes());
+        }
+        if for_error {
+            for v in [c.mass, c.accel] {
+                out.extend_from_slice(&v.to_le_bytes());
+            }
         }
         let follow = if c.child_count > 0 && !c.hides_children() {
             CHILDREN_FOLLOW
@@ -80,15 +94,16 @@ pub fn encode_geometry(cells: &[TopCell]) -> Vec<u8> {
     out
 }
 
-/// The inverse of `encode_geometry`.
-pub fn decode_geometry(bytes: &[u8]) -> Result<Vec<TopCell>, String> {
+/// The inverse of `encode_geometry` (with the same `for_error`).
+pub fn decode_geometry(bytes: &[u8], for_error: bool) -> Result<Vec<TopCell>, String> {
     let bad = || "another rank's tree geometry arrived malformed".to_string();
-    if !bytes.len().is_multiple_of(GEOMETRY_BYTES) {
+    let size = GEOMETRY_BYTES + if for_error { ERROR_BYTES } else { 0 };
+    if !bytes.len().is_multiple_of(size) {
         return Err(bad());
     }
     let mut next = 1u32;
-    let mut out = Vec::with_capacity(bytes.len() / GEOMETRY_BYTES);
-    for record in bytes.chunks_exact(GEOMETRY_BYTES) {
+    let mut out = Vec::with_capacity(bytes.len() / size);
+    for record in bytes.chunks_exact(size) {
         let f = |k: usize| {
             f32::from_le_bytes([
                 record[4 * k],
@@ -97,7 +112,7 @@ pub fn decode_geometry(bytes: &[u8]) -> Result<Vec<TopCell>, String> {
                 record[4 * k + 3],
             ])
         };
-        let flags = record[20];
+        let flags = record[size - 1];
         let count = u32::from(flags & !CHILDREN_FOLLOW);
         let first_child = if count == 0 {
             0
@@ -107,10 +122,12 @@ pub fn decode_geometry(bytes: &[u8]) -> Result<Vec<TopCell>, String> {
         } else {
             CHILDREN_NOT_SENT
         };
+        let (mass, accel) = if for_error { (f(4), f(5)) } else { (0.0, 0.0) };
         out.push(TopCell {
             centre: [f(0), f(1), f(2)],
             r_max: f(3),
-            accel: f(4),
+            mass,
+            accel,
             first_child,
             child_count: count,
         });
@@ -130,8 +147,8 @@ pub(super) const UNIFORM_MASS: u32 = 4;
 /// `LetCell::flags` bit: the cell's particles share one softening length, sent once.
 pub(super) const UNIFORM_EPS: u32 = 8;
 
-/// One cell of a locally essential tree (it travels as a few flag bits, `push_cells`; the
-/// receiver needs no mass: the monopole is in the multipole).
+/// One cell of a locally essential tree (it travels as a few flag bits, `push_cells`; its
+/// geometry, mass and expected acceleration came with the receiver's requests).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Pod, Zeroable)]
 pub struct LetCell {
@@ -139,6 +156,8 @@ pub struct LetCell {
     pub centre: [f64; 3],
     /// Bounding radius.
     pub r_max: f64,
+    /// Mass (f32-representable: the MAC's; the monopole is in the multipole).
+    pub mass: f64,
     /// Expected weakest acceleration (`Cell::accel`).
     pub accel: f64,
     /// First child (children contiguous); 0 when no children were sent.
@@ -266,6 +285,7 @@ pub(super) fn read_cells(
         let mut c = LetCell {
             centre: top.centre.map(f64::from),
             r_max: f64::from(top.r_max),
+            mass: f64::from(top.mass),
             accel: f64::from(top.accel),
             flags: if top.child_count == 0 { TREE_LEAF } else { 0 },
             ..LetCell::zeroed()
@@ -759,6 +779,7 @@ mod tests {
         let top = |centre: [f32; 3], r_max: f32, first_child: u32, child_count: u32| TopCell {
             centre,
             r_max,
+            mass: 0.0,
             accel: 0.0,
             first_child,
             child_count,
@@ -771,23 +792,30 @@ mod tests {
     }
 
     #[test]
-    fn geometry_travels_in_21_bytes_a_cell_and_comes_back_exactly() {
+    fn geometry_travels_in_17_bytes_a_cell_and_comes_back_exactly() {
         let mut cells = geometry();
         cells.push(TopCell {
             centre: [0.1, -0.2, 1e-30],
             r_max: 3.5,
-            accel: 2.5e-7,
+            mass: 0.0,
+            accel: 0.0,
             first_child: CHILDREN_NOT_SENT,
             child_count: 8,
         });
-        let bytes = encode_geometry(&cells);
+        let bytes = encode_geometry(&cells, false);
         assert_eq!(bytes.len(), 4 * GEOMETRY_BYTES);
-        assert_eq!(decode_geometry(&bytes).unwrap(), cells);
-        assert!(decode_geometry(&bytes[1..]).is_err());
+        assert_eq!(decode_geometry(&bytes, false).unwrap(), cells);
+        assert!(decode_geometry(&bytes[1..], false).is_err());
         // A cell whose children are said to follow, but do not.
         let mut orphan = cells.clone();
         orphan[3].first_child = 4;
-        assert!(decode_geometry(&encode_geometry(&orphan)).is_err());
+        assert!(decode_geometry(&encode_geometry(&orphan, false), false).is_err());
+        // With the error-controlled MAC's mass and expected acceleration: 8 bytes more.
+        cells[3].mass = 1.25e3;
+        cells[3].accel = 2.5e-7;
+        let bytes = encode_geometry(&cells, true);
+        assert_eq!(bytes.len(), 4 * (GEOMETRY_BYTES + ERROR_BYTES));
+        assert_eq!(decode_geometry(&bytes, true).unwrap(), cells);
     }
 
     #[test]
@@ -903,6 +931,7 @@ mod tests {
         let leaf_geometry = TopCell {
             centre: [0.0; 3],
             r_max: 1.0,
+            mass: 0.0,
             accel: 0.0,
             first_child: 0,
             child_count: 0,

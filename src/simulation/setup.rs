@@ -96,7 +96,7 @@ pub fn make_solver<C: Communicator + 'static>(
         ),
         SolverKind::Fmm => {
             let settings = FmmSettings {
-                order: gravity.order as usize,
+                order: gravity.order(),
                 theta: gravity.theta,
                 accuracy: gravity.accuracy,
                 leaf_size: gravity.leaf_size as usize,
