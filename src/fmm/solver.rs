@@ -378,8 +378,9 @@ impl FmmSolver {
     }
 
     /// An evaluation with the error-controlled MAC where no accelerations are expected yet:
-    /// one with the geometric MAC alone (a few per cent off at worst, enough to set each
-    /// cell's weakest acceleration), then the real one. Its statistics add both.
+    /// one with the geometric MAC alone (its tail may be tens of per cent off, which moves
+    /// the criterion's thresholds by as much: within the slack `bound_slack` leaves), then
+    /// the real one. Its statistics add both.
     fn evaluate_twice(
         &mut self,
         pos: &[[f64; 3]],
