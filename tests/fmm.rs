@@ -215,35 +215,45 @@ fn bounding_spheres_and_mac_hold_exactly() {
 #[test]
 fn same_bits_for_shuffled_input_and_any_thread_count() {
     let s = set("two-clumps", 5000, 4);
-    let eval = |s: &Set, threads: usize| {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .build()
-            .unwrap()
-            .install(|| {
-                let mut solver =
-                    FmmSolver::new(settings(5, 0.6, 32, NearFieldPrecision::Mixed), None);
-                run(s, &mut solver)
-            })
-    };
-    let (a1, p1) = eval(&s, 1);
-    let (a2, p2) = eval(&s, 2);
-    assert!(a1 == a2 && p1 == p2, "1 and 2 threads differ");
-    // Reverse-and-rotate the input order; map results back by ID.
-    let n = s.pos.len();
-    let perm: Vec<usize> = (0..n).map(|i| (n - 1 - i + 1234) % n).collect();
-    let shuffled = Set {
-        name: s.name,
-        pos: perm.iter().map(|&i| s.pos[i]).collect(),
-        mass: perm.iter().map(|&i| s.mass[i]).collect(),
-        id: perm.iter().map(|&i| s.id[i]).collect(),
-    };
-    let (a3, p3) = eval(&shuffled, 2);
-    for (k, &i) in perm.iter().enumerate() {
+    // The geometric MAC, then the accuracy target (whose walk depends on each cell's
+    // expected acceleration, found by a first evaluation).
+    for accuracy in [0.0, 1e-3] {
+        let eval = |s: &Set, threads: usize| {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(|| {
+                    let settings = FmmSettings {
+                        accuracy,
+                        ..settings(5, 0.6, 32, NearFieldPrecision::Mixed)
+                    };
+                    let mut solver = FmmSolver::new(settings, None);
+                    run(s, &mut solver)
+                })
+        };
+        let (a1, p1) = eval(&s, 1);
+        let (a2, p2) = eval(&s, 2);
         assert!(
-            a3[k] == a1[i] && p3[k] == p1[i],
-            "particle {i} differs after shuffling"
+            a1 == a2 && p1 == p2,
+            "1 and 2 threads differ at accuracy {accuracy}"
         );
+        // Reverse-and-rotate the input order; map results back by ID.
+        let n = s.pos.len();
+        let perm: Vec<usize> = (0..n).map(|i| (n - 1 - i + 1234) % n).collect();
+        let shuffled = Set {
+            name: s.name,
+            pos: perm.iter().map(|&i| s.pos[i]).collect(),
+            mass: perm.iter().map(|&i| s.mass[i]).collect(),
+            id: perm.iter().map(|&i| s.id[i]).collect(),
+        };
+        let (a3, p3) = eval(&shuffled, 2);
+        for (k, &i) in perm.iter().enumerate() {
+            assert!(
+                a3[k] == a1[i] && p3[k] == p1[i],
+                "particle {i} differs after shuffling at accuracy {accuracy}"
+            );
+        }
     }
 }
 
