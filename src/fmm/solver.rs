@@ -646,12 +646,12 @@ impl FmmSolver {
                     "runs on the CPU only, for now (not with the GPU backend)",
                 ));
             }
-            if expected_accel.is_none_or(|e| e.len() != n) || self.tree.order.len() != n {
-                return Err(GravityError::AccuracyUnsupported(
+            let expected = expected_accel
+                .filter(|e| e.len() == n && self.tree.order.len() == n)
+                .ok_or(GravityError::AccuracyUnsupported(
                     "needs the accelerations to expect, one per particle",
-                ));
-            }
-            self.tree.set_expected_accel(expected_accel);
+                ))?;
+            self.tree.set_expected_accel(expected);
             // The share of the allowance of each source is its share of the total mass.
             let total = total_mass.or_else(|| self.tree.cells.first().map(|root| root.mass));
             if let Some(total) = total.filter(|&m| m > 0.0) {
@@ -659,8 +659,6 @@ impl FmmSolver {
                 mac.total_mass = total;
                 mac.g_total = self.settings.g * total;
             }
-        } else {
-            self.tree.set_expected_accel(None);
         }
         if remote.as_ref().is_some_and(|r| r.quantises_positions()) {
             self.tree.quantise_own_positions();

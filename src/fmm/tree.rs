@@ -342,14 +342,9 @@ impl Tree {
 
     /// Sets every own cell's `accel` to the smallest of `expected` (a magnitude per
     /// particle, in the caller's order as given to `build`) over its particles, rounded
-    /// down to an f32 (other ranks receive it in f32 and must decide alike on it); without
-    /// `expected`, to 0 (unknown: the MAC is then geometric only).
-    pub fn set_expected_accel(&mut self, expected: Option<&[f64]>) {
-        let own = self.own_cells;
-        let Some(expected) = expected else {
-            self.cells[..own].par_iter_mut().for_each(|c| c.accel = 0.0);
-            return;
-        };
+    /// down to an f32 (other ranks receive it in f32 and must decide alike on it). A build
+    /// leaves every cell's `accel` at 0 (unknown: the MAC is then geometric only).
+    pub fn set_expected_accel(&mut self, expected: &[f64]) {
         let order = &self.order;
         let weakest = |b: u32, e: u32| {
             (b..e)
