@@ -204,9 +204,15 @@ fn four_ranks_conserve_like_one_restart_exactly_and_redistribute() {
         energy(&k4) <= 1.2 * energy(&k1),
         "energy: K=4 worse than 1.2x K=1"
     );
+    // Both drifts are f32 round-off of the near field (~5e-8 here), and which of two
+    // round-off figures is larger is a coin flip: between builds they have stood in the
+    // ratios 0.9, 1.3 and 1.34 (docs/benchmarks.md). What the comparison must catch is a
+    // cross-domain interaction used one way only, which leaves the far field's truncation
+    // error (~1e-4 of a force, against f32's ~1e-7) in the momentum: hundreds of times the
+    // floor, far above the 4x allowed.
     assert!(
-        momentum(&k4) <= 1.2 * momentum(&k1),
-        "momentum: K=4 worse than 1.2x K=1"
+        momentum(&k4) <= 4.0 * momentum(&k1),
+        "momentum: K=4 worse than 4x K=1 (round-off)"
     );
     assert!(
         lz(&k4) <= 1.2 * lz(&k1),

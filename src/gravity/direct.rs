@@ -212,7 +212,7 @@ impl DirectSummation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gravity::pairwise::{block_sums, select_f32};
+    use crate::gravity::pairwise::{all_f32, all_f64};
     use crate::gravity::softening::SofteningKernel;
 
     fn reference(
@@ -293,59 +293,65 @@ mod tests {
 
     #[test]
     fn all_instruction_sets_give_identical_bits() {
-        let (pos, mass) = cloud(53);
-        let params = PairParams::new(Softening {
-            kernel: SofteningKernel::Spline,
-            epsilon: 0.01,
-        });
-        let mut src64 = Staged::<f64, 8>::default();
-        src64.push(&pos[..20], &mass[..20], None, [0.1; 3]);
-        src64.push(&pos[20..], &mass[20..], None, [0.1; 3]);
-        let t64 = [[0.3, 0.2, 0.1], [0.0; 3], [0.5, 0.5, 0.5], [0.9, 0.1, 0.4]];
-        let (best, _) = select_f64();
-        // SAFETY: the portable body runs anywhere; `best` was checked by its selector.
-        let e = [0.0; 4];
-        let (a, b) = unsafe {
-            (
-                block_sums(&src64, &t64, &e, params),
-                best(&src64, &t64, &e, params),
-            )
-        };
-        assert_eq!(format!("{a:?}"), format!("{b:?}"));
-        let mut src32 = Staged::<f32, 16>::default();
-        src32.push(&pos, &mass, None, [0.1; 3]);
-        let t32 = [
-            [0.3f32, 0.2, 0.1],
-            [0.0; 3],
-            [0.5, 0.5, 0.5],
-            [0.9, 0.1, 0.4],
-        ];
-        let p32 = PairParams::new(Softening::newtonian());
-        let (best32, _) = select_f32();
-        let e32 = [0.0f32; 4];
-        let (c, d) = unsafe {
-            (
-                block_sums(&src32, &t32, &e32, p32),
-                best32(&src32, &t32, &e32, p32),
-            )
-        };
-        assert_eq!(format!("{c:?}"), format!("{d:?}"));
-        // Per-particle lengths, every instruction set alike.
-        let eps: Vec<f64> = (0..53).map(|i| 0.005 + 0.001 * (i % 7) as f64).collect();
-        let mut soft64 = Staged::<f64, 8>::default();
-        soft64.push(&pos, &mass, Some(&eps), [0.1; 3]);
-        let pp = PairParams::per_particle(Softening {
-            kernel: SofteningKernel::Spline,
-            epsilon: 0.011,
-        });
+        // Sources spread so that some chunks are softened and some Newtonian, with two
+        // particles at the same place (zero separation) among them.
+        let (mut pos, mass) = cloud(203);
+        pos[7] = pos[3];
+        let targets = [pos[3], [0.0; 3], [0.5, 0.5, 0.5], [0.9, 0.1, 0.4]];
+        let eps: Vec<f64> = (0..pos.len())
+            .map(|i| 0.005 + 0.001 * (i % 7) as f64)
+            .collect();
+        fn settings<T: crate::gravity::softening::Real>() -> [PairParams<T>; 5] {
+            let spline = |epsilon| Softening {
+                kernel: SofteningKernel::Spline,
+                epsilon,
+            };
+            let plummer = Softening {
+                kernel: SofteningKernel::Plummer,
+                epsilon: 0.02,
+            };
+            [
+                PairParams::new(spline(0.02)),
+                PairParams::new(Softening::newtonian()),
+                PairParams::new(plummer),
+                PairParams::per_particle(spline(0.011)),
+                PairParams::per_particle(plummer),
+            ]
+        }
         let te = [0.02, 0.0, 0.005, 0.01];
-        let (f, g) = unsafe {
-            (
-                block_sums(&soft64, &t64, &te, pp),
-                best(&soft64, &t64, &te, pp),
-            )
-        };
-        assert_eq!(format!("{f:?}"), format!("{g:?}"));
+        for params in settings::<f64>() {
+            let per = params.is_per_particle().then_some(&eps[..]);
+            let mut src64 = Staged::<f64, 8>::default();
+            src64.push(&pos[..20], &mass[..20], per.map(|e| &e[..20]), [0.1; 3]);
+            src64.push(&pos[20..], &mass[20..], per.map(|e| &e[20..]), [0.1; 3]);
+            let t64 = targets.map(|t| t.map(|v| v - 0.1));
+            let builds = all_f64();
+            // SAFETY: `all_f64` lists only builds this CPU runs.
+            let sums: Vec<_> = builds
+                .iter()
+                .map(|(k, isa)| (unsafe { k(&src64, &t64, &te, params) }, isa))
+                .collect();
+            for (s, isa) in &sums {
+                assert_eq!(format!("{s:?}"), format!("{:?}", sums[0].0), "f64 {isa}");
+            }
+        }
+        for params in settings::<f32>() {
+            let per = params.is_per_particle().then_some(&eps[..]);
+            let mut src32 = Staged::<f32, 16>::default();
+            src32.push(&pos, &mass, per, [0.1; 3]);
+            let t32 = targets.map(|t| t.map(|v| (v - 0.1) as f32));
+            let te32 = te.map(|e| e as f32);
+            // SAFETY: `all_f32` lists only builds this CPU runs.
+            let builds = all_f32();
+            let sums: Vec<_> = builds
+                .iter()
+                .map(|(k, isa)| (unsafe { k(&src32, &t32, &te32, params) }, isa))
+                .collect();
+            for (s, isa) in &sums {
+                assert_eq!(format!("{s:?}"), format!("{:?}", sums[0].0), "f32 {isa}");
+            }
+            assert!(sums[0].0.iter().flatten().all(|v| v.is_finite()));
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@
 pub mod accuracy;
 pub mod direct;
 pub mod pairwise;
+mod pairwise_fast;
 pub mod softening;
 
 use crate::fmm::caps::Caps;

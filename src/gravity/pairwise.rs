@@ -13,16 +13,16 @@ use super::softening::{
 };
 
 /// Chunks summed in the working precision before the sums move to f64.
-pub const FLUSH_CHUNKS: usize = 4;
+pub const FLUSH_CHUNKS: usize = 8;
 
 /// Sources converted to the working precision relative to an origin, in lane chunks; the
 /// last chunk is padded with massless particles.
 #[derive(Debug, Clone, Default)]
 pub struct Staged<T, const L: usize> {
-    x: Vec<[T; L]>,
-    y: Vec<[T; L]>,
-    z: Vec<[T; L]>,
-    m: Vec<[T; L]>,
+    pub(super) x: Vec<[T; L]>,
+    pub(super) y: Vec<[T; L]>,
+    pub(super) z: Vec<[T; L]>,
+    pub(super) m: Vec<[T; L]>,
     /// Per-source softening lengths (used by `PairParams::per_particle` calls only).
     e: Vec<[T; L]>,
     /// The largest softening length of each chunk.
@@ -44,31 +44,61 @@ impl<T: Real, const L: usize> Staged<T, L> {
     }
 
     /// Appends the sources at `pos` with `mass` (and softening lengths `eps`, when they
-    /// differ between particles), relative to `origin`.
+    /// differ between particles), relative to `origin`: the free lanes of the last chunk
+    /// first, then whole chunks in one loop each (staging took about as long as the pairs of
+    /// a leaf of ~35 targets when it went particle by particle).
     pub fn push(&mut self, pos: &[[f64; 3]], mass: &[f64], eps: Option<&[f64]>, origin: [f64; 3]) {
-        for (i, (p, &m)) in pos.iter().zip(mass).enumerate() {
-            if self.tail == 0 || self.tail == L {
-                self.x.push([T::ZERO; L]);
-                self.y.push([T::ZERO; L]);
-                self.z.push([T::ZERO; L]);
-                self.m.push([T::ZERO; L]);
-                self.e.push([T::ZERO; L]);
-                self.e_max.push(T::ZERO);
-                self.tail = 0;
-            }
+        let mut i = 0;
+        while i < pos.len() && self.tail > 0 && self.tail < L {
             let (c, l) = (self.x.len() - 1, self.tail);
-            self.x[c][l] = T::lit(p[0] - origin[0]);
-            self.y[c][l] = T::lit(p[1] - origin[1]);
-            self.z[c][l] = T::lit(p[2] - origin[2]);
-            self.m[c][l] = T::lit(m);
+            self.put(c, l, pos[i], mass[i], eps.map(|e| e[i]), origin);
+            self.tail += 1;
+            i += 1;
+        }
+        for start in (i..pos.len()).step_by(L) {
+            let len = (pos.len() - start).min(L);
+            let (p, m) = (&pos[start..start + len], &mass[start..start + len]);
+            let mut chunk = [[T::ZERO; L]; 4];
+            for l in 0..len {
+                chunk[0][l] = T::lit(p[l][0] - origin[0]);
+                chunk[1][l] = T::lit(p[l][1] - origin[1]);
+                chunk[2][l] = T::lit(p[l][2] - origin[2]);
+                chunk[3][l] = T::lit(m[l]);
+            }
+            let [x, y, z, m] = chunk;
+            self.x.push(x);
+            self.y.push(y);
+            self.z.push(z);
+            self.m.push(m);
+            let mut e = [T::ZERO; L];
+            let mut e_max = T::ZERO;
             if let Some(eps) = eps {
-                let e = T::lit(eps[i]);
-                self.e[c][l] = e;
-                if e > self.e_max[c] {
-                    self.e_max[c] = e;
+                for l in 0..len {
+                    e[l] = T::lit(eps[start + l]);
+                    if e[l] > e_max {
+                        e_max = e[l];
+                    }
                 }
             }
-            self.tail += 1;
+            self.e.push(e);
+            self.e_max.push(e_max);
+            self.tail = len;
+        }
+    }
+
+    /// Writes one source into lane `l` of chunk `c`.
+    #[inline]
+    fn put(&mut self, c: usize, l: usize, p: [f64; 3], m: f64, e: Option<f64>, origin: [f64; 3]) {
+        self.x[c][l] = T::lit(p[0] - origin[0]);
+        self.y[c][l] = T::lit(p[1] - origin[1]);
+        self.z[c][l] = T::lit(p[2] - origin[2]);
+        self.m[c][l] = T::lit(m);
+        if let Some(e) = e {
+            let e = T::lit(e);
+            self.e[c][l] = e;
+            if e > self.e_max[c] {
+                self.e_max[c] = e;
+            }
         }
     }
 }
@@ -310,6 +340,107 @@ fn sums_with<T: Real, const L: usize, const TB: usize, const PER_PARTICLE: bool>
     out
 }
 
+/// Adds chunk `c` to `acc` for the target at `t`, pair by pair in `L` lanes: `factors(r2)`
+/// for each pair (`p0`, the central potential, at zero separation).
+#[inline(always)]
+fn softened_chunk<T: Real, const L: usize>(
+    src: &Staged<T, L>,
+    c: usize,
+    t: [T; 3],
+    factors: &impl Fn(T) -> (T, T),
+    p0: T,
+    acc: &mut [[T; L]; 4],
+) {
+    let (xs, ys, zs, ms) = (&src.x[c], &src.y[c], &src.z[c], &src.m[c]);
+    let mut d = [[T::ZERO; L]; 4];
+    for l in 0..L {
+        d[0][l] = xs[l] - t[0];
+        d[1][l] = ys[l] - t[1];
+        d[2][l] = zs[l] - t[2];
+        d[3][l] = d[0][l] * d[0][l] + d[1][l] * d[1][l] + d[2][l] * d[2][l];
+    }
+    for l in 0..L {
+        let r2 = d[3][l];
+        let (f, p) = factors(r2);
+        let mf = if r2 > T::ZERO { ms[l] * f } else { T::ZERO };
+        let mp = ms[l] * if r2 > T::ZERO { p } else { p0 };
+        acc[0][l] += d[0][l] * mf;
+        acc[1][l] += d[1][l] * mf;
+        acc[2][l] += d[2][l] * mf;
+        acc[3][l] += mp;
+    }
+}
+
+/// A build's vector code for the f32 pairs of one softening length for all
+/// (`pairwise_fast`).
+pub trait FastWindow {
+    /// The sums of each target over every staged source, `FLUSH_CHUNKS` chunks at a time in
+    /// f32 then in f64 as `block_sums` does, chunk by chunk in order: Newtonian chunks (see
+    /// `SplineChunks::newtonian_from`) in vector code, the others pair by pair
+    /// (`SplineChunks::softened`).
+    ///
+    /// # Safety
+    /// The CPU must support the build's instruction set.
+    unsafe fn sums(
+        src: &Staged<f32, LANES_F32>,
+        targets: &[[f32; 3]; TARGET_BLOCK],
+        spline: SplineChunks,
+    ) -> BlockSums<TARGET_BLOCK>;
+}
+
+/// The spline softening of `block_sums_fast`'s pairs.
+#[derive(Debug, Clone, Copy)]
+pub struct SplineChunks {
+    /// The support h (0: Newtonian pairs).
+    pub h: f32,
+    /// The central potential factor `p(0)`.
+    pub p0: f32,
+    /// A chunk whose every pair with a target is this far apart or more (squared) is
+    /// Newtonian: just above h², as in `block_sums`; 0 without softening.
+    pub newtonian_from: f32,
+}
+
+impl SplineChunks {
+    /// Adds chunk `c` of `src` to the sums `acc` of the target at `t` pair by pair (a chunk
+    /// with a pair inside the support).
+    #[inline(always)]
+    pub fn softened(
+        &self,
+        src: &Staged<f32, LANES_F32>,
+        c: usize,
+        t: [f32; 3],
+        acc: &mut [[f32; LANES_F32]; 4],
+    ) {
+        let h = self.h;
+        softened_chunk(src, c, t, &|r2| spline_factors(r2, h), self.p0, acc);
+    }
+}
+
+/// `block_sums` for f32 with build `W`'s vector code where one softening length holds for
+/// all pairs (the spline's or none); pair by pair as `block_sums` otherwise.
+///
+/// # Safety
+/// The CPU must support `W`'s instruction set.
+#[inline(always)]
+pub unsafe fn block_sums_fast<W: FastWindow>(
+    src: &Staged<f32, LANES_F32>,
+    targets: &[[f32; 3]; TARGET_BLOCK],
+    target_eps: &[f32; TARGET_BLOCK],
+    params: PairParams<f32>,
+) -> BlockSums<TARGET_BLOCK> {
+    if params.kernel != SofteningKernel::Spline || params.per_particle {
+        return block_sums(src, targets, target_eps, params);
+    }
+    let h = params.spline_h;
+    let spline = SplineChunks {
+        h,
+        p0: params.central,
+        newtonian_from: if h > 0.0 { h * h * (1.0 + 1e-5) } else { 0.0 },
+    };
+    // SAFETY: the caller's CPU supports `W`.
+    unsafe { W::sums(src, targets, spline) }
+}
+
 /// Signature of a kernel entry point.
 pub type KernelFn<T, const L: usize, const TB: usize> =
     unsafe fn(&Staged<T, L>, &[[T; 3]; TB], &[T; TB], PairParams<T>) -> BlockSums<TB>;
@@ -317,55 +448,66 @@ pub type KernelFn<T, const L: usize, const TB: usize> =
 /// Defines the portable, AVX2 and AVX-512 entry points of one kernel instantiation and a
 /// selector that picks the widest the CPU supports.
 macro_rules! kernel_entries {
-    ($select:ident, $t:ty, $l:literal, $tb:literal) => {
+    ($select:ident, $all:ident, $t:ty, $l:literal, $tb:literal, [$portable:path, $avx2:path, $avx512:path]) => {
         /// Picks the widest build of this kernel the CPU runs, and names it.
         pub fn $select() -> (KernelFn<$t, $l, $tb>, &'static str) {
+            $all()[0]
+        }
+
+        /// Every build of this kernel the CPU runs, widest first, with their names (for
+        /// benchmarks, and the test that they give the same bits).
+        pub fn $all() -> Vec<(KernelFn<$t, $l, $tb>, &'static str)> {
             /// # Safety
             /// None required; `unsafe` only to share the entry-point signature.
+            #[allow(unused_unsafe)] // the f64 builds' body is safe
             unsafe fn portable(
                 s: &Staged<$t, $l>,
                 t: &[[$t; 3]; $tb],
                 e: &[$t; $tb],
                 p: PairParams<$t>,
             ) -> BlockSums<$tb> {
-                block_sums(s, t, e, p)
+                unsafe { $portable(s, t, e, p) }
             }
             /// # Safety
             /// The CPU must support AVX2 and FMA.
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2,fma")]
+            #[allow(unused_unsafe)] // the f64 builds' body is safe
             unsafe fn avx2(
                 s: &Staged<$t, $l>,
                 t: &[[$t; 3]; $tb],
                 e: &[$t; $tb],
                 p: PairParams<$t>,
             ) -> BlockSums<$tb> {
-                block_sums(s, t, e, p)
+                unsafe { $avx2(s, t, e, p) }
             }
             /// # Safety
             /// The CPU must support AVX-512F.
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx2,fma")]
+            #[allow(unused_unsafe)] // the f64 builds' body is safe
             unsafe fn avx512(
                 s: &Staged<$t, $l>,
                 t: &[[$t; 3]; $tb],
                 e: &[$t; $tb],
                 p: PairParams<$t>,
             ) -> BlockSums<$tb> {
-                block_sums(s, t, e, p)
+                unsafe { $avx512(s, t, e, p) }
             }
+            let mut all: Vec<(KernelFn<$t, $l, $tb>, &'static str)> = Vec::new();
             #[cfg(target_arch = "x86_64")]
             {
                 if std::arch::is_x86_feature_detected!("avx512f") {
-                    return (avx512, "avx512");
+                    all.push((avx512, "avx512"));
                 }
                 if std::arch::is_x86_feature_detected!("avx2")
                     && std::arch::is_x86_feature_detected!("fma")
                 {
-                    return (avx2, "avx2");
+                    all.push((avx2, "avx2"));
                 }
             }
-            (portable, "portable")
+            all.push((portable, "portable"));
+            all
         }
     };
 }
@@ -377,8 +519,28 @@ pub const LANES_F32: usize = 16;
 /// Targets per kernel call.
 pub const TARGET_BLOCK: usize = 4;
 
-kernel_entries!(select_f64, f64, 8, 4);
-kernel_entries!(select_f32, f32, 16, 4);
+// f64 (direct summation, the f64 near field) keeps one correctly rounded operation per step
+// in every build; f32 takes each build's vector code (`pairwise_fast`).
+kernel_entries!(
+    select_f64,
+    all_f64,
+    f64,
+    8,
+    4,
+    [block_sums, block_sums, block_sums]
+);
+kernel_entries!(
+    select_f32,
+    all_f32,
+    f32,
+    16,
+    4,
+    [
+        block_sums_fast::<super::pairwise_fast::Portable>,
+        block_sums_fast::<super::pairwise_fast::Avx2>,
+        block_sums_fast::<super::pairwise_fast::Avx512>
+    ]
+);
 
 /// Runs `kernel` for every target (coordinates relative to the staging origin), writing
 /// G-scaled accelerations and potentials (added to what is there when `accumulate`).
@@ -419,5 +581,29 @@ pub fn evaluate_targets<T: Real, const L: usize>(
             acc[i][2] += g * s[2];
             pot[i] -= g * s[3];
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn staging_in_pieces_equals_staging_at_once() {
+        let pos: Vec<[f64; 3]> = (0..50)
+            .map(|i| [0.1 * i as f64, 1.0 - 0.01 * i as f64, 0.3])
+            .collect();
+        let mass: Vec<f64> = (0..50).map(|i| 1.0 + i as f64).collect();
+        let eps: Vec<f64> = (0..50).map(|i| 0.01 * (i % 5) as f64).collect();
+        let origin = [0.5, 0.25, 0.0];
+        let mut once = Staged::<f32, 16>::default();
+        once.push(&pos, &mass, Some(&eps), origin);
+        let mut pieces = Staged::<f32, 16>::default();
+        for (a, b) in [(0, 3), (3, 19), (19, 20), (20, 50)] {
+            pieces.push(&pos[a..b], &mass[a..b], Some(&eps[a..b]), origin);
+        }
+        assert_eq!(format!("{once:?}"), format!("{pieces:?}"));
+        assert_eq!(once.x.len(), 4);
+        assert_eq!(once.tail, 2);
     }
 }
