@@ -212,7 +212,7 @@ impl DirectSummation {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gravity::pairwise::{all_f32, all_f64};
+    use crate::gravity::pairwise::{KernelFn, all_f32, all_f64};
     use crate::gravity::softening::SofteningKernel;
 
     fn reference(
@@ -301,7 +301,12 @@ mod tests {
         let eps: Vec<f64> = (0..pos.len())
             .map(|i| 0.005 + 0.001 * (i % 7) as f64)
             .collect();
-        fn settings<T: crate::gravity::softening::Real>() -> [PairParams<T>; 5] {
+        // Each softening setting, staged in two pieces, through every build of `builds`.
+        fn agree<T: crate::gravity::softening::Real + Default + std::fmt::Debug, const L: usize>(
+            builds: Vec<(KernelFn<T, L, 4>, &str)>,
+            (pos, mass, eps): (&[[f64; 3]], &[f64], &[f64]),
+            targets: [[f64; 3]; 4],
+        ) {
             let spline = |epsilon| Softening {
                 kernel: SofteningKernel::Spline,
                 epsilon,
@@ -310,48 +315,34 @@ mod tests {
                 kernel: SofteningKernel::Plummer,
                 epsilon: 0.02,
             };
-            [
+            let settings = [
                 PairParams::new(spline(0.02)),
                 PairParams::new(Softening::newtonian()),
                 PairParams::new(plummer),
                 PairParams::per_particle(spline(0.011)),
                 PairParams::per_particle(plummer),
-            ]
-        }
-        let te = [0.02, 0.0, 0.005, 0.01];
-        for params in settings::<f64>() {
-            let per = params.is_per_particle().then_some(&eps[..]);
-            let mut src64 = Staged::<f64, 8>::default();
-            src64.push(&pos[..20], &mass[..20], per.map(|e| &e[..20]), [0.1; 3]);
-            src64.push(&pos[20..], &mass[20..], per.map(|e| &e[20..]), [0.1; 3]);
-            let t64 = targets.map(|t| t.map(|v| v - 0.1));
-            let builds = all_f64();
-            // SAFETY: `all_f64` lists only builds this CPU runs.
-            let sums: Vec<_> = builds
-                .iter()
-                .map(|(k, isa)| (unsafe { k(&src64, &t64, &te, params) }, isa))
-                .collect();
-            for (s, isa) in &sums {
-                assert_eq!(format!("{s:?}"), format!("{:?}", sums[0].0), "f64 {isa}");
+            ];
+            let origin = [0.1; 3];
+            let t = targets.map(|t| std::array::from_fn(|k| T::lit(t[k] - origin[k])));
+            let te = [0.02, 0.0, 0.005, 0.01].map(T::lit);
+            for params in settings {
+                let per = params.is_per_particle().then_some(eps);
+                let mut src = Staged::<T, L>::default();
+                src.push(&pos[..20], &mass[..20], per.map(|e| &e[..20]), origin);
+                src.push(&pos[20..], &mass[20..], per.map(|e| &e[20..]), origin);
+                // SAFETY: the `all_*` lists hold only builds this CPU runs.
+                let sums: Vec<_> = builds
+                    .iter()
+                    .map(|(k, isa)| (unsafe { k(&src, &t, &te, params) }, isa))
+                    .collect();
+                for (s, isa) in &sums {
+                    assert_eq!(format!("{s:?}"), format!("{:?}", sums[0].0), "{isa}");
+                }
+                assert!(sums[0].0.iter().flatten().all(|v| v.is_finite()));
             }
         }
-        for params in settings::<f32>() {
-            let per = params.is_per_particle().then_some(&eps[..]);
-            let mut src32 = Staged::<f32, 16>::default();
-            src32.push(&pos, &mass, per, [0.1; 3]);
-            let t32 = targets.map(|t| t.map(|v| (v - 0.1) as f32));
-            let te32 = te.map(|e| e as f32);
-            // SAFETY: `all_f32` lists only builds this CPU runs.
-            let builds = all_f32();
-            let sums: Vec<_> = builds
-                .iter()
-                .map(|(k, isa)| (unsafe { k(&src32, &t32, &te32, params) }, isa))
-                .collect();
-            for (s, isa) in &sums {
-                assert_eq!(format!("{s:?}"), format!("{:?}", sums[0].0), "f32 {isa}");
-            }
-            assert!(sums[0].0.iter().flatten().all(|v| v.is_finite()));
-        }
+        agree(all_f64(), (&pos, &mass, &eps), targets);
+        agree(all_f32(), (&pos, &mass, &eps), targets);
     }
 
     #[test]
