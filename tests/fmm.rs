@@ -352,6 +352,53 @@ fn presets_carry_caps_across_solvers_and_survive_corruption() {
     );
 }
 
+#[test]
+fn forces_summed_in_place_have_the_copied_forces_bits() {
+    // `Evaluation::in_place` sums in the caller's arrays and permutes them in place (the
+    // permutation of a shuffled input has long cycles); the bits must be the copy's, with the
+    // geometric MAC and with an accuracy target (whose first, geometric pass runs in place
+    // too), and again on the second evaluation of the same solver.
+    let s = set("two-clumps", 5000, 4);
+    let n = s.pos.len();
+    let perm: Vec<usize> = (0..n).map(|i| (i * 7919 + 13) % n).collect();
+    let shuffled = Set {
+        name: s.name,
+        pos: perm.iter().map(|&i| s.pos[i]).collect(),
+        mass: perm.iter().map(|&i| s.mass[i]).collect(),
+        id: perm.iter().map(|&i| s.id[i]).collect(),
+    };
+    for accuracy in [0.0, 1e-3] {
+        let settings = FmmSettings {
+            accuracy,
+            ..settings(5, 0.6, 32, NearFieldPrecision::Mixed)
+        };
+        let mut copied = FmmSolver::new(settings.clone(), None);
+        let mut in_place = FmmSolver::new(settings, None);
+        for round in 0..2 {
+            let (a1, p1) = run(&shuffled, &mut copied);
+            let (mut a2, mut p2) = (vec![[f64::NAN; 3]; n], vec![f64::NAN; n]);
+            let with = Evaluation {
+                in_place: true,
+                ..Evaluation::default()
+            };
+            in_place
+                .evaluate_with(
+                    &shuffled.pos,
+                    &shuffled.mass,
+                    &shuffled.id,
+                    with,
+                    &mut a2,
+                    &mut p2,
+                )
+                .unwrap();
+            assert!(
+                a1 == a2 && p1 == p2,
+                "in place differs at accuracy {accuracy}, evaluation {round}"
+            );
+        }
+    }
+}
+
 /// Forces for the particles of `s` flagged in `active` only.
 fn evaluate_active(
     solver: &mut FmmSolver,

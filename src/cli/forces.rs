@@ -322,8 +322,10 @@ fn single_rank(
         let start = Instant::now();
         // Repeats expect the last evaluation's accelerations, as a run's steps do.
         let expected = (k > 0).then(|| magnitudes(&acc));
+        // In place: one copy of the forces at the peak (memory is what bounds N here).
         let with = Evaluation {
             expected_accel: expected.as_deref(),
+            in_place: true,
             ..Evaluation::default()
         };
         let stats = solver.evaluate_with(&p.pos, &p.mass, &p.id, with, &mut acc, &mut pot)?;

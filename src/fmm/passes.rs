@@ -191,12 +191,13 @@ impl FmmSolver {
         out
     }
 
-    /// Evaluates each leaf's local expansion at its particles.
-    pub(super) fn l2p_pass(&mut self, len: usize) {
+    /// Evaluates each leaf's local expansion at its particles, writing `acc` and `pot` (in
+    /// tree order; the particles of leaves that are not targets are left as they are).
+    pub(super) fn l2p_pass(&self, len: usize, acc: &mut [[f64; 3]], pot: &mut [f64]) {
         let g = self.settings.g;
         let (tree, locals, ops) = (&self.tree, &self.locals, &self.ops);
         let targets = &self.targets;
-        Self::leaf_slices(tree, &mut self.acc, &mut self.pot)
+        Self::leaf_slices(tree, acc, pot)
             .into_par_iter()
             .filter(|(leaf, _, _)| targets.get(*leaf as usize) != Some(&false))
             .for_each(|(leaf, acc, pot)| {
@@ -217,10 +218,11 @@ impl FmmSolver {
             });
     }
 
-    /// Adds the near field; returns the particle interactions evaluated.
-    pub(super) fn p2p_pass(&mut self) -> u64 {
+    /// Adds the near field to `acc` and `pot` (in tree order); returns the particle
+    /// interactions evaluated.
+    pub(super) fn p2p_pass(&self, acc: &mut [[f64; 3]], pot: &mut [f64]) -> u64 {
         let (tree, list, near) = (&self.tree, &self.p2p, &self.near);
-        Self::leaf_slices(tree, &mut self.acc, &mut self.pot)
+        Self::leaf_slices(tree, acc, pot)
             .into_par_iter()
             .map_init(NearScratch::default, |scratch, (leaf, acc, pot)| {
                 near.leaf(tree, leaf, list.of(leaf as usize), scratch, acc, pot);
