@@ -17,6 +17,9 @@ pub mod presets;
 pub mod remote;
 pub mod solver;
 pub mod stats;
+// Generated (`expansion::swap_lanes_source`); a test keeps it current, so not reformatted.
+#[rustfmt::skip]
+mod swap_lanes;
 pub mod traversal;
 pub mod tree;
 
