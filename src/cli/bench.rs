@@ -32,7 +32,7 @@ pub struct BenchArgs {
     /// Also run N = 1e7.
     #[arg(long)]
     large: bool,
-    /// Expansion order [default: 7, or 12 with --accuracy].
+    /// Expansion order [default: 7, or 9 with --accuracy].
     #[arg(long)]
     order: Option<usize>,
     /// Opening angle parameter.

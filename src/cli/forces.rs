@@ -35,7 +35,7 @@ use std::time::Instant;
 pub struct ForcesArgs {
     /// GADGET-format HDF5 snapshot (multi-file: give the .0.hdf5 file).
     snapshot: PathBuf,
-    /// Expansion order p [default: 7, or 12 with --accuracy].
+    /// Expansion order p [default: 7, or 9 with --accuracy].
     #[arg(long, value_parser = clap::value_parser!(u32).range(1..=MAX_ORDER as i64).map(|v| v as usize))]
     order: Option<usize>,
     /// Opening angle parameter θ (0 < θ < 1).

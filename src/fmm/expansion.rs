@@ -430,7 +430,7 @@ pub(super) enum SwapMatrix {
 
 /// Orders whose swap matrices `swap_lanes` holds as straight-line code (past it,
 /// `apply_lanes` goes through the sparse rows; the code grows as p^3).
-pub const STRAIGHT_LINE_ORDER: usize = 8;
+pub const STRAIGHT_LINE_ORDER: usize = 9;
 
 /// The text of src/fmm/swap_lanes.rs: `Operators::lanes_source` for orders 1 to
 /// `STRAIGHT_LINE_ORDER` and `apply`, which picks one by order and matrix.

@@ -100,9 +100,11 @@ pub fn bound_slack(p: usize) -> f64 {
 }
 
 /// The expansion order an accuracy target uses unless one is given: higher orders let the
-/// error-controlled MAC accept more pairs, and 12 costs least on the test set at 1e5
-/// (about 2x less than 7, the same at 1e6).
-pub const ACCURATE_ORDER: usize = 12;
+/// error-controlled MAC accept more pairs, and 9, the highest whose M2L is straight-line
+/// code (`expansion::STRAIGHT_LINE_ORDER`), costs least: at 1e6 1.95 s against 3.13 s at
+/// 12 (12 was the cheapest while every order went through the sparse rows), on the test
+/// set at 1e5 0.18–0.57 s against 0.29–0.53 s (docs/benchmarks.md).
+pub const ACCURATE_ORDER: usize = 9;
 
 /// The default expansion order for `accuracy` (0: the geometric MAC).
 pub fn default_order(accuracy: f64) -> usize {
