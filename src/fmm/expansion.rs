@@ -458,7 +458,10 @@ pub fn swap_lanes_source() -> String {
     ];
     for p in 1..=STRAIGHT_LINE_ORDER {
         for (variant, name) in names {
-            let _ = writeln!(s, "        ({p}, SwapMatrix::{variant}) => p{p}_{name}(v, o),");
+            let _ = writeln!(
+                s,
+                "        ({p}, SwapMatrix::{variant}) => p{p}_{name}(v, o),"
+            );
         }
     }
     s.push_str("        _ => return false,\n    }\n    true\n}\n");

@@ -112,7 +112,7 @@ fn finish(total: &Totals) -> BlockSums<TB> {
 }
 
 /// The sums of `targets` over every chunk of `src` (see `pairwise::FastWindow`), one target
-/// at a time, each chunk in order: Newtonian chunks here, the others through `soft`; f32 sums
+/// at a time, each chunk in order: Newtonian chunks here, the others through `SplineChunks::softened`; f32 sums
 /// over `FLUSH_CHUNKS` chunks, then f64. Portable build: the operations of the vector builds,
 /// lane by lane.
 fn window_portable(
