@@ -112,9 +112,9 @@ fn finish(total: &Totals) -> BlockSums<TB> {
 }
 
 /// The sums of `targets` over every chunk of `src` (see `pairwise::FastWindow`), one target
-/// at a time, each chunk in order: Newtonian chunks here, the others through `SplineChunks::softened`; f32 sums
-/// over `FLUSH_CHUNKS` chunks, then f64. Portable build: the operations of the vector builds,
-/// lane by lane.
+/// at a time, each chunk in order: Newtonian chunks here, the others through
+/// `SplineChunks::softened`; f32 sums over `FLUSH_CHUNKS` chunks, then f64. Portable build:
+/// the operations of the vector builds, lane by lane.
 fn window_portable(
     src: &Staged<f32, L>,
     targets: &[[f32; 3]; TB],
