@@ -90,6 +90,36 @@ pub struct Campaign {
 /// Keys of `[ics]` that belong to the run config; any other `ics.` key addresses the model.
 const RUN_ICS_KEYS: [&str; 3] = ["model", "n", "file"];
 
+/// Keys of an `[[ics.galaxies]]` entry; any other `ics.galaxies.K.` key addresses galaxy
+/// K's model.
+const GALAXY_KEYS: [&str; 7] = [
+    "model",
+    "n",
+    "mass_scale",
+    "inclination",
+    "argument_of_pericentre",
+    "position",
+    "velocity",
+];
+
+/// Where a campaign's `ics.` key goes: the run config, or a model file (`None`: the run's
+/// `ics.model`; `Some(g)`: galaxy g's) at the key's rest.
+fn model_key(key: &str) -> Option<(Option<usize>, &str)> {
+    let rest = key.strip_prefix("ics.")?;
+    if RUN_ICS_KEYS.contains(&rest) || rest.starts_with("orbit.") {
+        return None;
+    }
+    match rest.strip_prefix("galaxies.") {
+        Some(entry) => {
+            let (index, inner) = entry.split_once('.')?;
+            let index = index.parse().ok()?;
+            let head = inner.split('.').next().unwrap_or(inner);
+            (!GALAXY_KEYS.contains(&head)).then_some((Some(index), inner))
+        }
+        None => Some((None, rest)),
+    }
+}
+
 impl Campaign {
     /// Reads, plans and validates a campaign; writes the runs' configs (and changed model
     /// files) into the campaign folder but starts nothing.
@@ -312,21 +342,44 @@ fn readable_name(params: &[(String, Value)], keys: &[String]) -> String {
         .join("_")
 }
 
-/// Sets `key` (dotted) in `table`, creating tables on the way.
+/// Sets `key` (dotted) in `table`, creating tables on the way; the part after a list's
+/// name is an index into it (`ics.galaxies.1.inclination`: the second galaxy's).
 fn set_path(table: &mut Table, key: &str, value: Value) -> Result<(), String> {
-    let mut parts: Vec<&str> = key.split('.').collect();
-    let last = parts.pop().unwrap_or_default();
+    let parts: Vec<&str> = key.split('.').collect();
+    let Some((last, path)) = parts.split_last() else {
+        return Err(format!("key path {key:?} is empty"));
+    };
     let mut at = table;
-    for (k, part) in parts.iter().enumerate() {
+    let mut k = 0;
+    while k < path.len() {
+        let here = path[..=k].join(".");
         let entry = at
-            .entry(part.to_string())
+            .entry(path[k].to_string())
             .or_insert_with(|| Value::Table(Table::new()));
+        let entry = match entry {
+            Value::Array(items) => {
+                let count = items.len();
+                let index = path
+                    .get(k + 1)
+                    .and_then(|p| p.parse::<usize>().ok())
+                    .filter(|&i| i < count)
+                    .ok_or_else(|| {
+                        format!(
+                            "key path {key:?}: {here} is a list of {count}; name an entry by its index from 0, as in \"{here}.0\""
+                        )
+                    })?;
+                k += 1;
+                &mut items[index]
+            }
+            other => other,
+        };
         at = entry.as_table_mut().ok_or_else(|| {
             format!(
                 "key path {key:?}: {} is a value, not a table",
-                parts[..=k].join(".")
+                path[..=k].join(".")
             )
         })?;
+        k += 1;
     }
     at.insert(last.to_string(), value);
     Ok(())
@@ -362,11 +415,11 @@ fn plan_run(
         message,
     };
     let mut config = base.clone();
-    let mut model_changes = Vec::new();
+    let mut model_changes: Vec<(Option<usize>, &str, &Value)> = Vec::new();
     for (key, value) in &params {
-        match key.strip_prefix("ics.") {
-            Some(rest) if !RUN_ICS_KEYS.contains(&rest) => model_changes.push((rest, value)),
-            _ => set_path(&mut config, key, value.clone()).map_err(invalid)?,
+        match model_key(key) {
+            Some((galaxy, rest)) => model_changes.push((galaxy, rest, value)),
+            None => set_path(&mut config, key, value.clone()).map_err(invalid)?,
         }
     }
     config.insert("name".into(), Value::String(name.clone()));
@@ -374,32 +427,54 @@ fn plan_run(
         "output_dir".into(),
         Value::String(dir.to_string_lossy().into_owned()),
     );
-    let mut model_path = None;
-    if !model_changes.is_empty() {
-        let Some(base_model) = config
-            .get("ics")
-            .and_then(|i| i.get("model"))
-            .and_then(Value::as_str)
-        else {
+    let mut model_paths = Vec::new();
+    let mut changed: Vec<Option<usize>> = model_changes.iter().map(|c| c.0).collect();
+    changed.sort_unstable();
+    changed.dedup();
+    for galaxy in changed {
+        let (model_key, file) = match galaxy {
+            None => ("ics.model".to_string(), format!("{name}.toml")),
+            Some(g) => (
+                format!("ics.galaxies.{g}.model"),
+                format!("{name}_galaxy{g}.toml"),
+            ),
+        };
+        let ics = config.get("ics");
+        let base_model = match galaxy {
+            None => ics.and_then(|i| i.get("model")),
+            Some(g) => ics
+                .and_then(|i| i.get("galaxies"))
+                .and_then(|l| l.get(g))
+                .and_then(|e| e.get("model")),
+        }
+        .and_then(Value::as_str);
+        let Some(base_model) = base_model else {
+            let first = model_changes
+                .iter()
+                .find(|c| c.0 == galaxy)
+                .map_or("", |c| c.1);
+            let key = match galaxy {
+                None => format!("ics.{first}"),
+                Some(g) => format!("ics.galaxies.{g}.{first}"),
+            };
             return Err(invalid(format!(
-                "key path \"ics.{}\" changes the model file, but the run has no ics.model",
-                model_changes[0].0
+                "key path \"{key}\" changes a model file, but the run has no {model_key}"
             )));
         };
         let model_source = SourceText::read(Path::new(base_model))?;
         let mut model: Table = model_source.parse()?;
-        for (key, value) in model_changes {
-            set_path(&mut model, key, value.clone()).map_err(invalid)?;
+        for (_, key, value) in model_changes.iter().filter(|c| c.0 == galaxy) {
+            set_path(&mut model, key, (*value).clone()).map_err(invalid)?;
         }
-        let path = dir.join("models").join(format!("{name}.toml"));
+        let path = dir.join("models").join(file);
         write_toml(&path, &model)?;
         set_path(
             &mut config,
-            "ics.model",
+            &model_key,
             Value::String(path.to_string_lossy().into_owned()),
         )
         .map_err(invalid)?;
-        model_path = Some(path);
+        model_paths.push(path);
     }
     let config_path = dir.join("configs").join(format!("{name}.toml"));
     write_toml(&config_path, &config)?;
@@ -429,9 +504,13 @@ fn plan_run(
         }
     };
     let spec = match RunSpec::load(&config_path) {
-        Ok(spec) => match model_path.as_deref().map(ModelFile::load) {
-            Some(Err(e)) => Err(check(e)?),
-            _ => Ok(spec),
+        Ok(spec) => match model_paths
+            .iter()
+            .map(|p| ModelFile::load(p))
+            .find_map(Result::err)
+        {
+            Some(e) => Err(check(e)?),
+            None => Ok(spec),
         },
         Err(e) => Err(check(e)?),
     };

@@ -12,6 +12,7 @@ use crate::fmm::p2p::NearFieldPrecision;
 use crate::format::short;
 use crate::gravity::{Softening, SofteningKernel};
 use crate::ics::ModelFile;
+use crate::ics::encounter::{Encounter, GalaxyEntry, OrbitEntry};
 use crate::integrate::timestep::MAX_LEVEL;
 use crate::units::UnitSystem;
 use serde::{Deserialize, Serialize};
@@ -63,6 +64,11 @@ pub struct IcsConfig {
     pub n: Option<i64>,
     /// GADGET-format HDF5 initial-conditions file.
     pub file: Option<PathBuf>,
+    /// Several galaxies (`[[ics.galaxies]]`), in place of `model`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub galaxies: Vec<GalaxyEntry>,
+    /// The Keplerian orbit that places two `galaxies`.
+    pub orbit: Option<OrbitEntry>,
 }
 
 /// Which force solver a run uses.
@@ -278,6 +284,8 @@ pub enum IcSource {
         /// Particle count.
         n: usize,
     },
+    /// Sample several galaxies and place them (`[[ics.galaxies]]`).
+    Galaxies(Box<Encounter>),
     /// Read a GADGET-format HDF5 file.
     File {
         /// The file.
@@ -457,6 +465,23 @@ fn validate_name(s: &SourceText, name: &str) -> Result<(), ConfigError> {
 
 fn validate_ics(s: &SourceText, config: &RunConfig) -> Result<IcSource, ConfigError> {
     let ics = &config.ics;
+    if !ics.galaxies.is_empty() || ics.orbit.is_some() {
+        for (key, given) in [
+            ("ics.model", ics.model.is_some()),
+            ("ics.n", ics.n.is_some()),
+            ("ics.file", ics.file.is_some()),
+        ] {
+            if given {
+                return Err(s.invalid(
+                    key,
+                    "(given)",
+                    "give either [[ics.galaxies]] (each with its model and n) or ics.model / ics.file, not both",
+                ));
+            }
+        }
+        let encounter = Encounter::validate(s, &ics.galaxies, ics.orbit, config.units)?;
+        return Ok(IcSource::Galaxies(Box::new(encounter)));
+    }
     match (&ics.model, &ics.file) {
         (Some(_), Some(file)) => Err(s.invalid(
             "ics.file",

@@ -6,6 +6,7 @@
 //! Owns model files and sampling (equilibrium models, galaxies). Must not run forces or
 //! integrate.
 
+pub mod encounter;
 pub mod galaxy;
 pub mod hernquist;
 pub mod plummer;

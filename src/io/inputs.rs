@@ -43,6 +43,10 @@ pub struct RunInputs {
     pub model: Option<ModelRecord>,
     /// The IC file, for a run read from a file.
     pub file: Option<FileRecord>,
+    /// The galaxies' model files, in order, for a run of several galaxies
+    /// (`[[ics.galaxies]]`; their placement is in the config).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub galaxies: Vec<ModelRecord>,
 }
 
 /// A model file: its digest and its parsed content (defaults filled in).
@@ -75,12 +79,19 @@ impl RunInputs {
         Ok(match ics {
             IcSource::Model { path, model, .. } => RunInputs {
                 format: FORMAT,
-                model: Some(ModelRecord {
-                    path: path.display().to_string(),
-                    sha256: sha256_of(path)?.0,
-                    resolved: (**model).clone(),
-                }),
+                model: Some(ModelRecord::of(path, model)?),
                 file: None,
+                galaxies: Vec::new(),
+            },
+            IcSource::Galaxies(encounter) => RunInputs {
+                format: FORMAT,
+                model: None,
+                file: None,
+                galaxies: encounter
+                    .galaxies
+                    .iter()
+                    .map(|g| ModelRecord::of(&g.path, &g.model))
+                    .collect::<Result<_, _>>()?,
             },
             IcSource::File { path } => {
                 let (sha256, bytes) = sha256_of(path)?;
@@ -92,6 +103,7 @@ impl RunInputs {
                         sha256,
                         bytes,
                     }),
+                    galaxies: Vec::new(),
                 }
             }
         })
@@ -143,23 +155,14 @@ impl RunInputs {
     pub fn difference(&self, now: &RunInputs) -> Option<String> {
         let restore = "restore it to resume, or start a new run under another name";
         match (&self.model, &now.model, &self.file, &now.file) {
-            (Some(was), Some(is), _, _) => {
-                let (a, b) = (flat(&was.resolved), flat(&is.resolved));
-                let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-                keys.into_iter().find_map(|k| {
-                    let (va, vb) = (a.get(k), b.get(k));
-                    (va != vb).then(|| {
-                        let show = |v: Option<&String>| {
-                            v.map_or_else(|| "(unset)".into(), |v| short_text(v))
-                        };
-                        format!(
-                            "model file {}: key '{k}' changed since the run started (was {}, now {}); {restore}",
-                            is.path,
-                            show(va),
-                            show(vb)
-                        )
-                    })
-                })
+            (Some(was), Some(is), _, _) => model_change(was, is, restore),
+            (None, None, None, None)
+                if !self.galaxies.is_empty() && self.galaxies.len() == now.galaxies.len() =>
+            {
+                self.galaxies
+                    .iter()
+                    .zip(&now.galaxies)
+                    .find_map(|(was, is)| model_change(was, is, restore))
             }
             (_, _, Some(was), Some(is)) => (was.sha256 != is.sha256).then(|| {
                 format!(
@@ -183,9 +186,48 @@ impl RunInputs {
         match (&self.model, &self.file) {
             (Some(m), _) => format!("model file {}", m.path),
             (_, Some(f)) => format!("IC file {}", f.path),
+            _ if !self.galaxies.is_empty() => format!(
+                "{} galaxies ({})",
+                self.galaxies.len(),
+                self.galaxies
+                    .iter()
+                    .map(|g| g.path.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
             _ => "no recorded input".into(),
         }
     }
+}
+
+impl ModelRecord {
+    /// The record of the model `model` read from `path`.
+    fn of(path: &Path, model: &ModelFile) -> Result<Self, InputsError> {
+        Ok(ModelRecord {
+            path: path.display().to_string(),
+            sha256: sha256_of(path)?.0,
+            resolved: model.clone(),
+        })
+    }
+}
+
+/// The first key whose value differs between the model records `was` and `is`, as the
+/// sentence `RunInputs::difference` gives.
+fn model_change(was: &ModelRecord, is: &ModelRecord, restore: &str) -> Option<String> {
+    let (a, b) = (flat(&was.resolved), flat(&is.resolved));
+    let keys: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    keys.into_iter().find_map(|k| {
+        let (va, vb) = (a.get(k), b.get(k));
+        (va != vb).then(|| {
+            let show = |v: Option<&String>| v.map_or_else(|| "(unset)".into(), |v| short_text(v));
+            format!(
+                "model file {}: key '{k}' changed since the run started (was {}, now {}); {restore}",
+                is.path,
+                show(va),
+                show(vb)
+            )
+        })
+    })
 }
 
 /// A model's keys as dotted names and their values as TOML text.

@@ -109,12 +109,14 @@ fn check_memory(
     local_ranks: usize,
     backend: &Chosen,
 ) -> Result<(), RunError> {
-    let IcSource::Model { n, .. } = &spec.ics else {
-        return Ok(());
+    let n = match &spec.ics {
+        IcSource::Model { n, .. } => *n,
+        IcSource::Galaxies(encounter) => encounter.particles(),
+        IcSource::File { .. } => return Ok(()),
     };
     crate::memory::check(
         &spec.config.gravity,
-        *n as u64,
+        n as u64,
         ranks,
         local_ranks,
         backend,

@@ -158,9 +158,13 @@ pub fn verify_checkpoint(loaded: &checkpoint::Loaded<Checkpoint>) -> Result<(), 
         }
     }
     let total: usize = loaded.payloads.iter().map(|p| p.particles.len()).sum();
-    let model_n = parse_stored_config(&first.config_text)
-        .ok()
-        .and_then(|c| c.ics.n.filter(|_| c.ics.model.is_some()));
+    let model_n = parse_stored_config(&first.config_text).ok().and_then(|c| {
+        if c.ics.galaxies.is_empty() {
+            c.ics.n.filter(|_| c.ics.model.is_some())
+        } else {
+            Some(c.ics.galaxies.iter().map(|g| g.n).sum())
+        }
+    });
     if let Some(n) = model_n
         && total as i64 != n
     {

@@ -22,6 +22,7 @@ use crate::gravity::direct::DirectSummation;
 use crate::gravity::{GravityError, GravitySolver, Softening};
 use crate::ics;
 use crate::ics::Share;
+use crate::ics::encounter;
 use crate::ics::sampling::{block_moments, centre_on};
 use crate::integrate::diagnostics::PhaseTimes;
 use crate::integrate::timestep::Timeline;
@@ -38,6 +39,9 @@ use std::time::{Duration, Instant};
 pub fn component_softening(spec: &RunSpec) -> Option<[f64; 4]> {
     match &spec.ics {
         IcSource::Model { model, .. } => model.component_softening(spec.config.gravity.softening),
+        IcSource::Galaxies(encounter) => {
+            encounter.component_softening(spec.config.gravity.softening)
+        }
         IcSource::File { .. } => None,
     }
 }
@@ -401,6 +405,23 @@ fn initial_particles(
                 .flatten()
                 .collect();
             centre_on(&mut particles, &moments);
+            for w in warnings {
+                progress.warn(&w);
+            }
+            Ok(particles)
+        }
+        IcSource::Galaxies(encounter) => {
+            let share = Share { rank, ranks };
+            let (parts, warnings) = encounter::sample_share(encounter, spec.config.seed, share);
+            let moments: Vec<_> = allgatherv(
+                comm,
+                &parts.iter().flat_map(block_moments).collect::<Vec<_>>(),
+            )?
+            .into_iter()
+            .flatten()
+            .collect();
+            let g = spec.config.units.gravitational_constant();
+            let particles = encounter::assemble(encounter, parts, &moments, g);
             for w in warnings {
                 progress.warn(&w);
             }
