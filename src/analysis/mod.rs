@@ -6,6 +6,7 @@
 //! only) or write into `snapshots/`.
 
 pub mod bar;
+pub mod galaxies;
 pub mod maps;
 pub mod plot;
 pub mod profiles;

@@ -3,6 +3,7 @@
 //! across snapshots the bar (A2, pattern speed), vertical heating and Lagrangian radii.
 
 use super::bar::{a2_noise, m2_mode, pattern_speeds};
+use super::galaxies::{Encounters, galaxy_count};
 use super::maps::{Frame, View, surface_density};
 use super::plot::{EDGE_ON_SIZE, MAP_SIZE, PlotError, Series, line_chart, map_image};
 use super::profiles::{annulus, disk_profile, lagrangian_radii};
@@ -251,6 +252,7 @@ pub fn analyze(input: &Path, output: &Path, options: Options) -> Result<Report, 
     let mut report = Report::default();
     let mut evolution = Evolution::default();
     let mut reference: Option<Geometry> = None;
+    let mut encounters: Option<Encounters> = None;
     for (k, path) in snapshots.iter().enumerate() {
         let data = read_snapshot(path)?;
         let p = &data.particles;
@@ -273,8 +275,25 @@ pub fn analyze(input: &Path, output: &Path, options: Options) -> Result<Report, 
         let tag = format!("{k:03}");
         one_snapshot(&data, disk, geometry, &tag, output, options, &mut report)?;
         evolution.add(&data, disk, geometry.r_max, geometry.r_half);
+        if k == 0 && galaxy_count(p) > 1 {
+            encounters = Some(Encounters::default());
+        }
+        if let Some(e) = &mut encounters {
+            e.add(p, data.time);
+        }
     }
     evolution.write(output, &mut report)?;
+    if let Some(e) = &encounters {
+        let units = evolution.units.unwrap_or(Units::of(None));
+        let orbit = run_orbit(input);
+        let files = e.write(
+            output,
+            orbit.as_ref().map(|(o, g)| (o, *g)),
+            units.time(),
+            units.length(),
+        )?;
+        report.files.extend(files);
+    }
     let diagnostics = input.join("diagnostics.csv");
     if input.is_dir() && diagnostics.is_file() {
         let units = evolution.units.unwrap_or(Units::of(None));
@@ -282,6 +301,15 @@ pub fn analyze(input: &Path, output: &Path, options: Options) -> Result<Report, 
     }
     report.snapshots = snapshots;
     Ok(report)
+}
+
+/// The orbit two galaxies of the run folder `input` started on (`[ics.orbit]` in its
+/// `config.toml`) and the run's G; `None` for a snapshot, or a run without an orbit.
+fn run_orbit(input: &Path) -> Option<(crate::ics::encounter::OrbitEntry, f64)> {
+    let path = input.join("config.toml");
+    let source = crate::source::SourceText::read(&path).ok()?;
+    let config = crate::config::parse_run_config(&source).ok()?;
+    Some((config.ics.orbit?, config.units.gravitational_constant()))
 }
 
 /// The softening for the midplane circular velocity: the run's (or the disk type's GADGET-4
