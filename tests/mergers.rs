@@ -357,3 +357,46 @@ fn bad_galaxy_and_orbit_keys_are_named() {
         &["ics.galaxies.1.position", "[ics.orbit] places"],
     );
 }
+
+#[test]
+fn a_campaign_sweeps_the_orbit_and_each_galaxy_and_its_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let shipped = std::fs::read_to_string(repo("configs/campaigns/merger_sweep.toml")).unwrap();
+    let model = repo("ics/small_disk.toml").display().to_string();
+    let text = shipped
+        .replace("ics/small_disk.toml", &model)
+        .replace(
+            "output_dir = \"runs\"",
+            &format!("output_dir = \"{}\"", dir.path().display()),
+        )
+        .replace(
+            "[sweep]",
+            "[sweep]\n\"ics.galaxies.1.disk.toomre_q\" = [1.5]",
+        );
+    let path = write(dir.path(), "sweep.toml", &text);
+    let campaign = leapfmm::campaign::Campaign::load(&path).unwrap();
+    assert_eq!(campaign.runs.len(), 9);
+    for run in &campaign.runs {
+        let spec = run.spec.as_ref().unwrap();
+        let leapfmm::config::IcSource::Galaxies(encounter) = &spec.ics else {
+            panic!("{}: not a run of galaxies", run.name);
+        };
+        let value = |key: &str| {
+            run.params
+                .iter()
+                .find(|(k, _)| k == key)
+                .and_then(|(_, v)| v.as_float())
+                .unwrap()
+        };
+        let orbit = encounter.orbit.unwrap();
+        assert_eq!(orbit.pericentre, value("ics.orbit.pericentre"));
+        assert_eq!(orbit.separation, 60.0, "unswept keys keep the base's");
+        // The second disk's spin: cos i in the rotation's last column.
+        let i = value("ics.galaxies.1.inclination").to_radians();
+        assert!((encounter.galaxies[1].rotation[2][2] - i.cos()).abs() < 1e-15);
+        assert_eq!(encounter.galaxies[0].rotation[2][2], 1.0);
+        // The model key went to the second galaxy's model only.
+        let q = |g: usize| encounter.galaxies[g].model.disk.as_ref().unwrap().toomre_q;
+        assert_eq!((q(0), q(1)), (2.0, 1.5), "{}", run.name);
+    }
+}
