@@ -10,6 +10,7 @@
 use crate::fmm::expansion::MAX_ORDER;
 use crate::fmm::p2p::NearFieldPrecision;
 use crate::format::short;
+use crate::gravity::external::{ExternalEntry, ExternalPotential};
 use crate::gravity::{Softening, SofteningKernel};
 use crate::ics::ModelFile;
 use crate::ics::encounter::{Encounter, GalaxyEntry, OrbitEntry};
@@ -132,6 +133,9 @@ pub struct GravityConfig {
     /// Factor an overflowed buffer capacity grows by.
     #[serde(default = "default_cap_growth")]
     pub cap_growth: f64,
+    /// Rigid external potentials (`[[gravity.external]]`), summed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub external: Vec<ExternalEntry>,
 }
 
 pub use crate::fmm::solver::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA, default_order};
@@ -304,6 +308,8 @@ pub struct RunSpec {
     pub ics: IcSource,
     /// The run's folder (`output_dir/name`).
     pub run_dir: PathBuf,
+    /// The external potential: `[[gravity.external]]` and a model's rigid halo.
+    pub external: Option<ExternalPotential>,
 }
 
 /// Most steps of `dt_max` a run may span (the block scheme's tick counter bounds it).
@@ -338,6 +344,7 @@ impl RunSpec {
         validate_gravity(s, &config.gravity)?;
         validate_integrator(s, &config.integrator, config.units)?;
         validate_output(s, &config)?;
+        let external = validate_external(s, &config, &ics)?;
         let run_dir = config.output_dir.join(&config.name);
         check_writable(s, &config.output_dir)?;
         Ok(RunSpec {
@@ -345,6 +352,7 @@ impl RunSpec {
             config,
             ics,
             run_dir,
+            external,
         })
     }
 }
@@ -567,6 +575,41 @@ fn validate_ics(s: &SourceText, config: &RunConfig) -> Result<IcSource, ConfigEr
             })
         }
     }
+}
+
+/// The run's external potential: its `[[gravity.external]]` entries and the model's rigid
+/// halo; `None` when there is neither.
+fn validate_external(
+    s: &SourceText,
+    config: &RunConfig,
+    ics: &IcSource,
+) -> Result<Option<ExternalPotential>, ConfigError> {
+    let mut entries = config.gravity.external.clone();
+    match ics {
+        IcSource::Model { model, .. } => entries.extend(crate::ics::galaxy::rigid_halo(model)),
+        IcSource::Galaxies(encounter) => {
+            if let Some(g) = encounter
+                .galaxies
+                .iter()
+                .position(|g| g.model.halo.as_ref().is_some_and(|h| h.rigid))
+            {
+                return Err(s.invalid(
+                    &format!("ics.galaxies.{g}.model"),
+                    format!("{:?}", encounter.galaxies[g].path.display().to_string()),
+                    "its halo is rigid, which stays at rest at the origin; the galaxies of an encounter need live halos",
+                ));
+            }
+        }
+        IcSource::File { .. } => {}
+    }
+    if entries.is_empty() {
+        return Ok(None);
+    }
+    Ok(Some(ExternalPotential::new(
+        s,
+        &entries,
+        config.units.gravitational_constant(),
+    )?))
 }
 
 fn validate_gravity(s: &SourceText, g: &GravityConfig) -> Result<(), ConfigError> {

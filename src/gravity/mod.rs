@@ -8,6 +8,7 @@
 
 pub mod accuracy;
 pub mod direct;
+pub mod external;
 pub mod pairwise;
 mod pairwise_fast;
 pub mod softening;

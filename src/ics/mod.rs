@@ -69,6 +69,10 @@ pub struct HaloModel {
     pub particles: f64,
     /// The component's own softening length (default: the run's `gravity.softening`).
     pub softening: Option<f64>,
+    /// A rigid halo: not sampled, but its (untapered) potential sets the other components'
+    /// velocities and acts on every particle of the run as an external potential.
+    #[serde(default)]
+    pub rigid: bool,
 }
 
 fn default_hubble() -> f64 {
@@ -196,6 +200,20 @@ impl ModelFile {
             optional("sphere.truncation_radius", sphere.truncation_radius)?;
         }
         if let Some(h) = &self.halo {
+            if h.rigid && h.truncation_radius.is_some() {
+                return Err(s.invalid(
+                    "halo.truncation_radius",
+                    h.truncation_radius.unwrap_or_default(),
+                    "a rigid halo is the untapered profile (its potential is analytic); drop truncation_radius or set rigid = false",
+                ));
+            }
+            if h.rigid && self.disk.is_none() && self.bulge.is_none() {
+                return Err(s.invalid(
+                    "halo.rigid",
+                    true,
+                    "a rigid halo alone leaves no particles to sample; add a [disk] or [bulge]",
+                ));
+            }
             positive("halo.particles", h.particles)?;
             optional("halo.truncation_radius", h.truncation_radius)?;
             optional("halo.softening", h.softening)?;
@@ -282,7 +300,7 @@ impl ModelFile {
             1
         } else {
             [
-                self.halo.is_some(),
+                self.halo.as_ref().is_some_and(|h| !h.rigid),
                 self.disk.is_some(),
                 self.bulge.is_some(),
             ]

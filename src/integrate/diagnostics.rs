@@ -17,6 +17,8 @@ pub struct Conserved {
     pub kinetic: f64,
     /// Potential energy, ½ Σ m φ.
     pub potential: f64,
+    /// Potential energy in the external potential, Σ m Φ_ext (0 without one).
+    pub external: f64,
     /// Linear momentum.
     pub momentum: [f64; 3],
     /// Angular momentum about the origin.
@@ -60,15 +62,16 @@ impl Conserved {
         Conserved {
             kinetic: s[0],
             potential: s[1],
+            external: 0.0,
             momentum: [s[2], s[3], s[4]],
             angular_momentum: [s[5], s[6], s[7]],
             com: [s[8] / mass, s[9] / mass, s[10] / mass],
         }
     }
 
-    /// Kinetic plus potential energy.
+    /// Kinetic plus potential energy, the external potential's included.
     pub fn total(&self) -> f64 {
-        self.kinetic + self.potential
+        self.kinetic + self.potential + self.external
     }
 
     /// Virial ratio 2K/|W|.

@@ -4,6 +4,10 @@
 use super::error::{RunError, io_err};
 use crate::integrate::diagnostics::{DiagnosticsLog, RankLog};
 use std::path::Path;
+/// The diagnostics column of the energy in the external potential, Σ m Φ_ext (which
+/// `total` includes), in runs that have one.
+pub(super) const EXTERNAL_COLUMN: &str = "external_energy";
+
 /// `diagnostics.csv`, and `ranks.csv` on more than one rank.
 pub(super) struct Logs {
     pub(super) diagnostics: DiagnosticsLog,

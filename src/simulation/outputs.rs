@@ -42,6 +42,9 @@ impl<'a> Simulation<'a> {
                 let total = self.block.histogram.iter().sum::<u64>();
                 largest.extend(self.block.values(total, time, integ.max_rungs as u32));
             }
+            if self.spec.external.is_some() {
+                largest.push(conserved.external);
+            }
             let row = Row {
                 step: self.state.step,
                 time,

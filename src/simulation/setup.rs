@@ -6,7 +6,7 @@ use super::error::{RunError, agree, io_err};
 use super::folder::{
     RunState, checkpoint_dir, remove_snapshots_from, snapshot_dir, write_atomically,
 };
-use super::logs::{BlockFigures, Logs};
+use super::logs::{BlockFigures, EXTERNAL_COLUMN, Logs};
 use super::options::RunOptions;
 use super::resume::{folder_verdict, load_checkpoint, lock_run_folder};
 use super::state::{Residence, Simulation};
@@ -60,6 +60,8 @@ pub fn choose_backend(spec: &RunSpec, thread_ranks: usize) -> Result<Chosen, Run
         Some("has the mixed-precision near field only")
     } else if g.accuracy > 0.0 {
         Some("walks with the opening angle only (no gravity.accuracy) for now")
+    } else if spec.external.is_some() {
+        Some("adds no external potential (gravity.external, a rigid halo) for now")
     } else {
         None
     };
@@ -284,10 +286,13 @@ impl<'a> Simulation<'a> {
             }
             write_atomically(&run_dir.join("config.toml"), spec.source.text.as_bytes())?;
             let step = resumed.as_ref().map(|r| r.state.step);
-            let block = match c.integrator.scheme {
+            let mut block = match c.integrator.scheme {
                 StepScheme::Block => BlockFigures::names(c.integrator.max_rungs as u32),
                 StepScheme::Global => Vec::new(),
             };
+            if spec.external.is_some() {
+                block.push(EXTERNAL_COLUMN.to_string());
+            }
             Some(Logs::open(run_dir, &stat_names, &block, ranks, step)?)
         } else {
             None
@@ -378,7 +383,7 @@ impl<'a> Simulation<'a> {
             c.integrator.t_end,
             self.spec.run_dir.display()
         ));
-        self.compute_forces(None)?;
+        self.compute_forces(None, self.timeline.time(self.state.ti))?;
         self.state.energy0 = self.conserved()?.total();
         self.write_diagnostics()?;
         self.write_snapshot()?;

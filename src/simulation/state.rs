@@ -78,7 +78,13 @@ impl<'a> Simulation<'a> {
         let sums = allreduce_sum(self.comm, &mine)?;
         let mut all = [0.0; CONSERVED_SUMS];
         all.copy_from_slice(&sums);
-        Ok(Conserved::from_sums(&all))
+        let mut conserved = Conserved::from_sums(&all);
+        if let Some(external) = &self.spec.external {
+            let (p, t) = (&self.particles, self.timeline.time(self.state.ti));
+            let mine = external.energy(&p.pos, &p.mass, t);
+            conserved.external = allreduce_sum(self.comm, &[mine])?[0];
+        }
+        Ok(conserved)
     }
 
     /// Whether the particle state is on the solver's device now.
@@ -161,8 +167,13 @@ impl<'a> Simulation<'a> {
         })
     }
 
-    /// Forces on every particle, or with `active` on those listed.
-    pub(super) fn compute_forces(&mut self, active: Option<&[u32]>) -> Result<(), RunError> {
+    /// Forces on every particle, or with `active` on those listed, at simulation time
+    /// `time` (where a moving external potential's centres are).
+    pub(super) fn compute_forces(
+        &mut self,
+        active: Option<&[u32]>,
+        time: f64,
+    ) -> Result<(), RunError> {
         let start = Instant::now();
         let on_device = self.on_device();
         let report = match (active, self.solver.resident().filter(|_| on_device)) {
@@ -183,6 +194,11 @@ impl<'a> Simulation<'a> {
                 self.solver.compute_active(&mut self.particles, &flags)?
             }
         };
+        // The backend choice keeps runs with an external potential on the host.
+        if let Some(external) = &self.spec.external {
+            let p = &mut self.particles;
+            external.add_accelerations(&p.pos, &mut p.acc, time, active);
+        }
         self.interactions += report.pair_interactions;
         if self.solver_stats.len() != report.stats.len() {
             self.solver_stats = report

@@ -107,7 +107,8 @@ impl<'a> Simulation<'a> {
         self.apply(Operator::Kick, 0.5 * dt)?;
         self.apply(Operator::Drift, dt)?;
         self.wall.integrate += start.elapsed().as_secs_f64();
-        self.compute_forces(None)?;
+        let end = self.state.ti + Timeline::level_ticks(level);
+        self.compute_forces(None, self.timeline.time(end))?;
         let start = Instant::now();
         self.apply(Operator::Kick, 0.5 * dt)?;
         self.state.ti += Timeline::level_ticks(level);
@@ -184,7 +185,7 @@ impl<'a> Simulation<'a> {
                 // The full evaluation may move particles between ranks (rebalancing on the
                 // cycle's work): their rungs travel with them for the closing half kick.
                 self.particles.rung = rungs.rung().iter().map(|&r| r as u8).collect();
-                self.compute_forces(None)?;
+                self.compute_forces(None, self.timeline.time(ti))?;
                 let start = Instant::now();
                 let rung = std::mem::take(&mut self.particles.rung);
                 let half: Vec<f64> = rung.par_iter().map(|&r| half_step(u32::from(r))).collect();
@@ -195,7 +196,7 @@ impl<'a> Simulation<'a> {
                 break;
             }
             let active = rungs.ending_rows();
-            self.compute_forces(Some(&active))?;
+            self.compute_forces(Some(&active), self.timeline.time(ti))?;
             let start = Instant::now();
             self.fetch_accelerations(Some(&active))?;
             let closing: Vec<f64> = active

@@ -11,6 +11,7 @@ pub mod velocities;
 
 use super::sampling::{Share, Stream, isotropic_unit, sample_blocks};
 use super::{BulgeModel, DiskModel, HaloModel, HaloProfile, ModelFile, QProfileKind};
+use crate::gravity::external::{ExternalEntry, ExternalProfile};
 use crate::particles::{Component, Particles};
 use disk::DiskProfile;
 use potential::{DiskPotential, GalaxyPotential};
@@ -87,19 +88,57 @@ fn halo_spheroid(h: &HaloModel, g: f64) -> Spheroid {
             h.truncation_radius,
         ),
         HaloProfile::Nfw => {
-            let (m200, c) = (h.m200.unwrap_or(0.0), h.concentration.unwrap_or(1.0));
-            // H0 = 100 h km/s/Mpc = 0.1 h km/s/kpc: the galactic unit of velocity/length.
-            let h0 = 0.1 * h.hubble;
-            let r200 = (g * m200 / (0.5 * OVERDENSITY * h0 * h0)).cbrt();
-            let rs = r200 / c;
-            let rho_s =
-                m200 / (4.0 * std::f64::consts::PI * rs.powi(3) * ((1.0 + c).ln() - c / (1.0 + c)));
-            Spheroid::new(
-                Profile::Nfw { rho_s, rs },
-                Some(h.truncation_radius.unwrap_or(r200)),
-            )
+            let (rho_s, rs, r200) = nfw_scales(h, g);
+            // A rigid halo is untapered (its potential is the analytic one).
+            let taper = (!h.rigid).then(|| h.truncation_radius.unwrap_or(r200));
+            Spheroid::new(Profile::Nfw { rho_s, rs }, taper)
         }
     }
+}
+
+/// An NFW halo's ρ_s, r_s and r200 from its m200, concentration and Hubble parameter.
+fn nfw_scales(h: &HaloModel, g: f64) -> (f64, f64, f64) {
+    let (m200, c) = (h.m200.unwrap_or(0.0), h.concentration.unwrap_or(1.0));
+    // H0 = 100 h km/s/Mpc = 0.1 h km/s/kpc: the galactic unit of velocity/length.
+    let h0 = 0.1 * h.hubble;
+    let r200 = (g * m200 / (0.5 * OVERDENSITY * h0 * h0)).cbrt();
+    let rs = r200 / c;
+    let rho_s = m200 / (4.0 * std::f64::consts::PI * rs.powi(3) * ((1.0 + c).ln() - c / (1.0 + c)));
+    (rho_s, rs, r200)
+}
+
+/// The external potential of a model's rigid halo (`[halo] rigid = true`), centred on the
+/// origin at rest: the untapered Hernquist or NFW profile the model's velocities were set
+/// in; `None` without a rigid halo.
+pub fn rigid_halo(model: &ModelFile) -> Option<ExternalEntry> {
+    let h = model.halo.as_ref().filter(|h| h.rigid)?;
+    let g = model.units.gravitational_constant();
+    let (profile, mass, scale_radius) = match h.profile {
+        HaloProfile::Hernquist => (
+            ExternalProfile::Hernquist,
+            h.mass.unwrap_or(0.0),
+            h.scale_radius.unwrap_or(1.0),
+        ),
+        HaloProfile::Nfw => {
+            let (rho_s, rs, _) = nfw_scales(h, g);
+            (
+                ExternalProfile::Nfw,
+                4.0 * std::f64::consts::PI * rho_s * rs.powi(3),
+                rs,
+            )
+        }
+    };
+    Some(ExternalEntry {
+        profile,
+        mass: Some(mass),
+        scale_radius: Some(scale_radius),
+        scale_height: None,
+        circular_velocity: None,
+        core_radius: None,
+        flattening: None,
+        centre: [0.0; 3],
+        centre_velocity: [0.0; 3],
+    })
 }
 
 fn bulge_spheroid(b: &BulgeModel) -> Spheroid {
@@ -125,10 +164,11 @@ impl Galaxy {
     /// Builds the potential, distribution functions and velocity tables of a galaxy model.
     pub fn new(model: &ModelFile) -> Self {
         let g = model.units.gravitational_constant();
+        // A rigid halo is in the potential but gets no particles.
         let halo = model
             .halo
             .as_ref()
-            .map(|h| (halo_spheroid(h, g), h.particles));
+            .map(|h| (halo_spheroid(h, g), if h.rigid { 0.0 } else { h.particles }));
         let bulge = model
             .bulge
             .as_ref()
