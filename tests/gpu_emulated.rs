@@ -328,6 +328,43 @@ fn a_resident_run_on_the_emulated_gpu_follows_the_cpu_run_and_repeats_its_bits()
     assert_close_runs(d, "gpu", "cpu", 1e-8);
 }
 
+/// With an external potential the device computes the self-gravity and the host adds the
+/// potential (the particles stay on the host): the CPU run's energies and states.
+#[test]
+fn an_external_potential_on_the_emulated_gpu_follows_the_cpu() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let ics = galaxy(d, 3000);
+    let external = "[[gravity.external]]\nprofile = \"miyamoto_nagai\"\nmass = 5.0\nscale_radius = 3.0\nscale_height = 0.3\n\
+                    [[gravity.external]]\nprofile = \"nfw\"\nmass = 60.0\nscale_radius = 20.0\ncentre_velocity = [10.0, 0.0, 0.0]";
+    let gpu = run(
+        d,
+        &galaxy_run(d, &ics, "gpu", external, ""),
+        &["--backend", "cuda"],
+        1,
+    );
+    assert!(
+        gpu.contains("the external potential is added there"),
+        "{gpu}"
+    );
+    run(
+        d,
+        &galaxy_run(d, &ics, "cpu", external, ""),
+        &["--backend", "cpu"],
+        1,
+    );
+    assert_close_runs(d, "gpu", "cpu", 1e-8);
+    let external_energy = |name: &str| {
+        Diagnostics::read(&d.join("runs").join(name).join("diagnostics.csv"))
+            .column("external_energy")
+    };
+    let (g, c) = (external_energy("gpu"), external_energy("cpu"));
+    assert!(
+        g[0] < 0.0 && (g[0] / c[0] - 1.0).abs() < 1e-12,
+        "{g:?} {c:?}"
+    );
+}
+
 #[test]
 fn block_steps_and_two_thread_ranks_on_the_emulated_gpus_follow_the_cpu() {
     let dir = tempfile::tempdir().unwrap();

@@ -60,8 +60,6 @@ pub fn choose_backend(spec: &RunSpec, thread_ranks: usize) -> Result<Chosen, Run
         Some("has the mixed-precision near field only")
     } else if g.accuracy > 0.0 {
         Some("walks with the opening angle only (no gravity.accuracy) for now")
-    } else if spec.external.is_some() {
-        Some("adds no external potential (gravity.external, a rigid halo) for now")
     } else {
         None
     };
@@ -322,6 +320,15 @@ impl<'a> Simulation<'a> {
         }
         let since = timeline.time(state.ti);
         let residence = match solver.resident() {
+            // The device does not add an external potential yet: the forces come back to
+            // the host each step, which adds it.
+            Some(_) if spec.external.is_some() => {
+                progress.note(&format!(
+                    "{}: the particles stay on the host (the external potential is added there); the device computes the self-gravity each step",
+                    c.name
+                ));
+                Residence::Host
+            }
             Some(_) => {
                 progress.note(&format!(
                     "{}: the particles stay on the device between steps",
