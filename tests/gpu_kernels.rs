@@ -451,6 +451,79 @@ fn conserved_sums_on_the_device_have_the_hosts_bits() {
 }
 
 #[test]
+fn external_potentials_on_the_device_are_the_hosts() {
+    // One term of each form, moving centres, at t = 0.3; 9 000 particles (two whole energy
+    // chunks and a partial one), some near the centres (the NFW series).
+    use leapfmm::gravity::external::{EXTERNAL_TERM, ExternalEntry, ExternalPotential};
+    use leapfmm::source::SourceText;
+    let text = "[[external]]\nprofile = \"nfw\"\nmass = 3.0\nscale_radius = 1.3\ncentre_velocity = [0.5, 0.0, 0.0]\n\
+                [[external]]\nprofile = \"hernquist\"\nmass = 2.0\nscale_radius = 0.7\ncentre = [1.0, 0.0, 0.0]\n\
+                [[external]]\nprofile = \"plummer\"\nmass = 1.0\nscale_radius = 0.3\n\
+                [[external]]\nprofile = \"miyamoto_nagai\"\nmass = 5.0\nscale_radius = 3.0\nscale_height = 0.3\n\
+                [[external]]\nprofile = \"logarithmic\"\ncircular_velocity = 1.5\ncore_radius = 0.4\nflattening = 0.8";
+    #[derive(serde::Deserialize)]
+    struct Entries {
+        external: Vec<ExternalEntry>,
+    }
+    let source = SourceText {
+        path: "test".into(),
+        text: text.into(),
+    };
+    let entries: Entries = source.parse().unwrap();
+    let potential = ExternalPotential::new(&source, &entries.external, 2.0).unwrap();
+    let t = 0.3;
+    let n = 9000usize;
+    let mut rng = rand_pcg::Pcg64::seed_from_u64(31);
+    let pos: Vec<[f64; 3]> = (0..n)
+        .map(|i| {
+            let scale = if i % 10 == 0 { 1e-5 } else { 5.0 };
+            let c = if i % 10 == 0 {
+                [0.15, 0.0, 0.0]
+            } else {
+                [0.0; 3]
+            };
+            [0, 1, 2].map(|k| c[k] + scale * rng.random_range(-1.0..1.0))
+        })
+        .collect();
+    let mass: Vec<f64> = (0..n).map(|_| rng.random_range(0.5..1.5)).collect();
+    let acc0: Vec<[f64; 3]> = (0..n).map(|_| [1.0, -2.0, 0.5]).collect();
+    let terms = potential.device_terms();
+    let mut b = Vec::new();
+    u32_bytes(
+        &mut b,
+        &[n as u32, 64, (terms.len() / EXTERNAL_TERM) as u32],
+    );
+    f64_bytes(&mut b, [t]);
+    f64_bytes(&mut b, pos.iter().flatten().copied());
+    f64_bytes(&mut b, mass.iter().copied());
+    f64_bytes(&mut b, acc0.iter().flatten().copied());
+    f64_bytes(&mut b, terms.iter().copied());
+    let out = f64s(&run_harness("external", &b));
+    let (acc, partial) = out.split_at(3 * n);
+    assert_eq!(partial.len(), n.div_ceil(leapfmm::sum::CHUNK));
+    let mut host = acc0.clone();
+    potential.add_accelerations(&pos, &mut host, t, None);
+    // The same operations but for log1p and log, which the device's and the host's maths
+    // libraries may round differently (by an ulp or so).
+    for (i, (d, h)) in acc.chunks_exact(3).zip(&host).enumerate() {
+        for k in 0..3 {
+            assert!(
+                (d[k] - h[k]).abs() <= 1e-14 * h[k].abs().max(1.0),
+                "particle {i}, axis {k}: {} on the device, {} on the host",
+                d[k],
+                h[k]
+            );
+        }
+    }
+    let device: f64 = partial.iter().sum();
+    let host = potential.energy(&pos, &mass, t);
+    assert!(
+        (device / host - 1.0).abs() < 1e-14,
+        "{device} against {host}"
+    );
+}
+
+#[test]
 fn device_keys_and_radix_sort_give_the_hosts_tree_and_plan() {
     // 9000 particles: two whole sort tiles of 4096 and a partial one. A clump of ten at one
     // point and pairs closer than a key's grid cell give runs of equal keys, and the ids are

@@ -21,6 +21,7 @@
 #include "../moments.cu"
 #include "../walk.cu"
 #include "../split.cu"
+#include "../external.cu"
 #include <csignal>
 #include <cstdint>
 #include <chrono>
@@ -143,6 +144,7 @@ const Kernel KERNELS[] = {
     KERNEL(finish_moments),    KERNEL(walk_level),      KERNEL(sort_scan),
     KERNEL(mark_rows),         KERNEL(flag_cells_holding),
     KERNEL(order_equal_runs),  KERNEL(split_count),     KERNEL(split_write),
+    KERNEL(add_external),      KERNEL(external_energy_chunks),
 };
 #undef KERNEL
 

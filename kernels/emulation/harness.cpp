@@ -13,6 +13,9 @@
 //                             positions and masses of the particles (gather_rows and
 //                             gather_tree_order: what a rank's device sends another)
 //   harness conserved IN OUT  IN: n, block, pos, vel, mass, pot; OUT: the per-chunk conserved sums
+//   harness external IN OUT   IN: n, block, terms count, t, pos, mass, acc, terms
+//                             (EXTERNAL_TERM each); OUT: acc after add_external of all, then
+//                             the per-chunk energies (external_energy_chunks)
 //   harness p2m IN OUT        IN: n, leaves, p, pos, mass, leaf ranges and centres; OUT: multipoles
 //   harness l2p IN OUT        IN: n, leaves, p, block, g, pos, leaf_of, centres, locals; OUT: acc, pot
 //   harness m2m IN OUT        IN: cells, parents, p, centres, first_child, child_count,
@@ -58,6 +61,7 @@
 #include "../keys.cu"
 #include "../moments.cu"
 #include "../walk.cu"
+#include "../external.cu"
 #include "../split.cu"
 #include <algorithm>
 #include <cstdint>
@@ -222,6 +226,22 @@ int main(int argc, char** argv) {
         launch((chunks + block - 1) / block, block, conserved_chunks, (const double*)pos.data(),
                (const double*)vel.data(), (const double*)mass.data(), (const double*)pot.data(),
                (unsigned)n, partial.data());
+        put(out, partial);
+    } else if (mode == "external") {
+        auto n = in.one<uint32_t>(), block = in.one<uint32_t>(), terms = in.one<uint32_t>();
+        auto t = in.one<double>();
+        auto pos = in.many<double>(3 * n), mass = in.many<double>(n);
+        auto acc = in.many<double>(3 * n), term = in.many<double>(EXTERNAL_TERM * terms);
+        std::vector<unsigned> no_rows(1);
+        launch((n + block - 1) / block, block, add_external, (const double*)pos.data(),
+               acc.data(), (const double*)term.data(), (unsigned)terms, t,
+               (const unsigned*)no_rows.data(), 0u, (unsigned)n);
+        unsigned chunks = (n + EXTERNAL_SUM_CHUNK - 1) / EXTERNAL_SUM_CHUNK;
+        std::vector<double> partial(chunks);
+        launch((chunks + block - 1) / block, block, external_energy_chunks,
+               (const double*)pos.data(), (const double*)mass.data(), (unsigned)n,
+               (const double*)term.data(), (unsigned)terms, t, partial.data());
+        put(out, acc);
         put(out, partial);
     } else if (mode == "p2m") {
         auto n = in.one<uint32_t>(), leaves = in.one<uint32_t>(), p = in.one<uint32_t>();

@@ -548,6 +548,19 @@ impl<C: Communicator + 'static> ResidentState for DistributedFmm<C> {
     fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError> {
         resident_passes(&mut self.device)?.store(particles)
     }
+
+    fn add_external(
+        &mut self,
+        terms: &[f64],
+        t: f64,
+        rows: Option<&[u32]>,
+    ) -> Result<(), GravityError> {
+        resident_passes(&mut self.device)?.add_external(terms, t, rows)
+    }
+
+    fn external_energy(&mut self, terms: &[f64], t: f64) -> Result<f64, GravityError> {
+        resident_passes(&mut self.device)?.external_energy(terms, t)
+    }
 }
 
 /// Forces of a distributed evaluation, back in the caller's order.

@@ -51,6 +51,9 @@ pub struct GpuFmm {
 pub(super) struct Kernels {
     pub(super) p2m: CudaFunction,
     pub(super) m2m: CudaFunction,
+    /// A rigid external potential's acceleration, and its energy per chunk.
+    pub(super) add_external: CudaFunction,
+    pub(super) external_energy: CudaFunction,
     pub(super) m2l: CudaFunction,
     /// M2L for orders up to `M2L_SMALL_ORDER`, with more blocks per SM.
     pub(super) m2l_small: CudaFunction,
@@ -167,6 +170,8 @@ impl GpuFmm {
             split_count: function("split.cu", "split_count")?,
             split_write: function("split.cu", "split_write")?,
             gather_rows: function("integrate.cu", "gather_rows")?,
+            add_external: function("external.cu", "add_external")?,
+            external_energy: function("external.cu", "external_energy_chunks")?,
         };
         Ok(GpuFmm {
             stream: ctx.default_stream(),

@@ -52,7 +52,7 @@ const KERNEL_CACHE_ENV: &str = "LEAPFMM_KERNEL_CACHE";
 
 /// The kernel sources, embedded: (file name, text). Headers (`.cuh`) are spliced into the
 /// sources that include them before compilation (`expand_includes`).
-pub const SOURCES: [(&str, &str); 11] = [
+pub const SOURCES: [(&str, &str); 12] = [
     ("common.cuh", include_str!("../../kernels/common.cuh")),
     (
         "expansions.cuh",
@@ -65,6 +65,7 @@ pub const SOURCES: [(&str, &str); 11] = [
     ("moments.cu", include_str!("../../kernels/moments.cu")),
     ("walk.cu", include_str!("../../kernels/walk.cu")),
     ("split.cu", include_str!("../../kernels/split.cu")),
+    ("external.cu", include_str!("../../kernels/external.cu")),
     ("rotations.cuh", include_str!("../../kernels/rotations.cuh")),
     (
         "m2l_rotated.cu",

@@ -124,6 +124,25 @@ impl ResidentPasses for GpuRank {
         device.store_state(state, particles).map_err(device_error)
     }
 
+    fn add_external(
+        &mut self,
+        terms: &[f64],
+        t: f64,
+        rows: Option<&[u32]>,
+    ) -> Result<(), GravityError> {
+        let (device, state) = self.loaded()?;
+        device
+            .add_external(state, terms, t, rows)
+            .map_err(device_error)
+    }
+
+    fn external_energy(&mut self, terms: &[f64], t: f64) -> Result<f64, GravityError> {
+        let (device, state) = self.loaded()?;
+        device
+            .external_energy(state, terms, t)
+            .map_err(device_error)
+    }
+
     fn positions(&mut self, pos: &mut [[f64; 3]]) -> Result<(), GravityError> {
         let (device, state) = self.loaded()?;
         device.positions(state, pos).map_err(device_error)

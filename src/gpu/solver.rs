@@ -353,6 +353,25 @@ impl ResidentState for GpuSolver {
             .store_state(state, particles)
             .map_err(device_error)
     }
+
+    fn add_external(
+        &mut self,
+        terms: &[f64],
+        t: f64,
+        rows: Option<&[u32]>,
+    ) -> Result<(), GravityError> {
+        let state = self.state.as_mut().ok_or_else(not_loaded)?;
+        self.device
+            .add_external(state, terms, t, rows)
+            .map_err(device_error)
+    }
+
+    fn external_energy(&mut self, terms: &[f64], t: f64) -> Result<f64, GravityError> {
+        let state = self.state.as_mut().ok_or_else(not_loaded)?;
+        self.device
+            .external_energy(state, terms, t)
+            .map_err(device_error)
+    }
 }
 
 /// The tree where the device sorted the particles: its cells (`GpuFmm::split_cells`),

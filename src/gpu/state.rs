@@ -7,6 +7,7 @@ use super::buffers::{Reused, SPARE_ROOM};
 use super::context::{BLOCK, GpuFmm, flat, grid};
 use super::error::GpuError;
 use super::memory::resident_f64_counts;
+use crate::gravity::external::EXTERNAL_TERM;
 use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
 use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
@@ -36,6 +37,9 @@ pub struct DeviceState {
     pub(super) steps: Reused<f64>,
     pub(super) rows: Reused<u32>,
     pub(super) picked: Reused<f64>,
+    /// An external potential's terms (`ExternalPotential::device_terms`), uploaded with
+    /// each use (a few dozen values).
+    pub(super) terms: Reused<f64>,
 }
 
 impl DeviceState {
@@ -83,6 +87,7 @@ impl GpuFmm {
             steps: Reused::new(stream, 0)?,
             rows: Reused::new(stream, 0)?,
             picked: Reused::new(stream, 0)?,
+            terms: Reused::new(stream, 0)?,
         })
     }
 
@@ -322,6 +327,83 @@ impl GpuFmm {
             }
         }
         Ok(total)
+    }
+
+    /// `acc += a_ext(x, t)` on the device for the particles `rows` (all without them): the
+    /// external potential `terms` (`ExternalPotential::device_terms`).
+    pub fn add_external(
+        &self,
+        state: &mut DeviceState,
+        terms: &[f64],
+        t: f64,
+        rows: Option<&[u32]>,
+    ) -> Result<(), GpuError> {
+        let count = rows.map_or(state.n, <[u32]>::len);
+        if rows.is_some_and(|r| r.iter().any(|&i| i as usize >= state.n)) {
+            return Err(GpuError::Unsupported(format!(
+                "external forces for rows beyond the {} particles on the device",
+                state.n
+            )));
+        }
+        if count == 0 || terms.is_empty() {
+            return Ok(());
+        }
+        if let Some(rows) = rows {
+            state.rows.room(&self.stream, count)?;
+            state.rows.upload(&self.stream, rows)?;
+        }
+        state.terms.room(&self.stream, terms.len())?;
+        state.terms.upload(&self.stream, terms)?;
+        let term_count = (terms.len() / EXTERNAL_TERM) as u32;
+        let (listed, count32) = (u32::from(rows.is_some()), count as u32);
+        let mut launch = self.stream.launch_builder(&self.kernels.add_external);
+        launch
+            .arg(&state.pos)
+            .arg(&mut state.acc)
+            .arg(&state.terms.buf)
+            .arg(&term_count)
+            .arg(&t)
+            .arg(&state.rows.buf)
+            .arg(&listed)
+            .arg(&count32);
+        // SAFETY: the arguments match add_external's signature; pos and acc hold 3 n
+        // values, terms `term_count` terms, rows (read only when listed) `count` rows below n.
+        unsafe { launch.launch(grid(count)) }?;
+        Ok(())
+    }
+
+    /// Σ m Φ_ext of the state's particles at time `t` (the external potential `terms`),
+    /// with the host's bits but for the logarithms: per chunk on the device, the chunks
+    /// added in order here, as `ExternalPotential::energy` sums.
+    pub fn external_energy(
+        &self,
+        state: &mut DeviceState,
+        terms: &[f64],
+        t: f64,
+    ) -> Result<f64, GpuError> {
+        if state.n == 0 || terms.is_empty() {
+            return Ok(0.0);
+        }
+        state.terms.room(&self.stream, terms.len())?;
+        state.terms.upload(&self.stream, terms)?;
+        let term_count = (terms.len() / EXTERNAL_TERM) as u32;
+        let n32 = state.n as u32;
+        let chunks = state.n.div_ceil(crate::sum::CHUNK);
+        let mut launch = self.stream.launch_builder(&self.kernels.external_energy);
+        launch
+            .arg(&state.pos)
+            .arg(&state.mass)
+            .arg(&n32)
+            .arg(&state.terms.buf)
+            .arg(&term_count)
+            .arg(&t)
+            .arg(&mut state.partial);
+        // SAFETY: the arguments match external_energy_chunks's signature; partial holds
+        // CONSERVED_SUMS values per chunk (one is used here), one thread per chunk.
+        unsafe { launch.launch(grid(chunks)) }?;
+        let partial = self.stream.clone_dtoh(&state.partial.slice(0..chunks))?;
+        self.stream.synchronize()?;
+        Ok(partial.iter().sum())
     }
 
     /// Copies the positions of `state` into `pos` (the host's tree build needs them).

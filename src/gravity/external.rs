@@ -53,6 +53,10 @@ pub struct ExternalEntry {
     pub centre_velocity: [f64; 3],
 }
 
+/// Values per term in `ExternalPotential::device_terms` (kernels/external.cu's
+/// `EXTERNAL_TERM`).
+pub const EXTERNAL_TERM: usize = 10;
+
 /// One term of the external potential, validated.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Form {
@@ -163,6 +167,26 @@ impl ExternalPotential {
         Ok(ExternalPotential { terms })
     }
 
+    /// The terms as `kernels/external.cu` reads them: `EXTERNAL_TERM` values each (form,
+    /// three parameters, centre, velocity).
+    pub fn device_terms(&self) -> Vec<f64> {
+        let mut out = Vec::with_capacity(EXTERNAL_TERM * self.terms.len());
+        for t in &self.terms {
+            let (form, p) = match t.form {
+                Form::Nfw { gm, rs } => (0.0, [gm, rs, 0.0]),
+                Form::Hernquist { gm, a } => (1.0, [gm, a, 0.0]),
+                Form::Plummer { gm, a } => (2.0, [gm, a, 0.0]),
+                Form::MiyamotoNagai { gm, a, b } => (3.0, [gm, a, b]),
+                Form::Logarithmic { v02, rc2, q2 } => (4.0, [v02, rc2, q2]),
+            };
+            out.push(form);
+            out.extend(p);
+            out.extend(t.centre);
+            out.extend(t.velocity);
+        }
+        out
+    }
+
     /// True when a term's centre moves (the potential then depends on time, and the energy
     /// it exchanges with the particles is not conserved).
     pub fn moves(&self) -> bool {
@@ -263,12 +287,19 @@ impl Form {
                 let s2 = d[0] * d[0] + d[1] * d[1] + az * az;
                 let s = s2.sqrt();
                 let f = gm / (s2 * s);
-                ([-f * d[0], -f * d[1], -f * d[2] * az / zeta], -gm / s)
+                // Grouped as kernels/external.cu does, for the same bits.
+                (
+                    [-(f * d[0]), -(f * d[1]), -(f * d[2] * (az / zeta))],
+                    -gm / s,
+                )
             }
             Form::Logarithmic { v02, rc2, q2 } => {
                 let s = rc2 + d[0] * d[0] + d[1] * d[1] + d[2] * d[2] / q2;
                 let f = v02 / s;
-                ([-f * d[0], -f * d[1], -f * d[2] / q2], 0.5 * v02 * s.ln())
+                (
+                    [-(f * d[0]), -(f * d[1]), -(f * d[2] / q2)],
+                    0.5 * v02 * s.ln(),
+                )
             }
         }
     }

@@ -277,6 +277,18 @@ mod tests {
             particles.pot.clone_from(&self.device.pot);
             Ok(())
         }
+        fn add_external(
+            &mut self,
+            _terms: &[f64],
+            _t: f64,
+            _rows: Option<&[u32]>,
+        ) -> Result<(), GravityError> {
+            Err(GravityError::Device("the mirror adds no external potential".into()))
+        }
+
+        fn external_energy(&mut self, _terms: &[f64], _t: f64) -> Result<f64, GravityError> {
+            Err(GravityError::Device("the mirror adds no external potential".into()))
+        }
     }
 
     /// Runs a 400-particle Plummer sphere (FMM, adaptive steps of the `scheme`, diagnostics

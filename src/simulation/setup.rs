@@ -320,15 +320,6 @@ impl<'a> Simulation<'a> {
         }
         let since = timeline.time(state.ti);
         let residence = match solver.resident() {
-            // The device does not add an external potential yet: the forces come back to
-            // the host each step, which adds it.
-            Some(_) if spec.external.is_some() => {
-                progress.note(&format!(
-                    "{}: the particles stay on the host (the external potential is added there); the device computes the self-gravity each step",
-                    c.name
-                ));
-                Residence::Host
-            }
             Some(_) => {
                 progress.note(&format!(
                     "{}: the particles stay on the device between steps",

@@ -80,8 +80,11 @@ impl<'a> Simulation<'a> {
         all.copy_from_slice(&sums);
         let mut conserved = Conserved::from_sums(&all);
         if let Some(external) = &self.spec.external {
-            let (p, t) = (&self.particles, self.timeline.time(self.state.ti));
-            let mine = external.energy(&p.pos, &p.mass, t);
+            let t = self.timeline.time(self.state.ti);
+            let mine = match self.solver.resident().filter(|_| on_device) {
+                Some(device) => device.external_energy(&external.device_terms(), t)?,
+                None => external.energy(&self.particles.pos, &self.particles.mass, t),
+            };
             conserved.external = allreduce_sum(self.comm, &[mine])?[0];
         }
         Ok(conserved)
@@ -194,10 +197,14 @@ impl<'a> Simulation<'a> {
                 self.solver.compute_active(&mut self.particles, &flags)?
             }
         };
-        // The backend choice keeps runs with an external potential on the host.
         if let Some(external) = &self.spec.external {
-            let p = &mut self.particles;
-            external.add_accelerations(&p.pos, &mut p.acc, time, active);
+            match self.solver.resident().filter(|_| on_device) {
+                Some(device) => device.add_external(&external.device_terms(), time, active)?,
+                None => {
+                    let p = &mut self.particles;
+                    external.add_accelerations(&p.pos, &mut p.acc, time, active);
+                }
+            }
         }
         self.interactions += report.pair_interactions;
         if self.solver_stats.len() != report.stats.len() {
