@@ -24,7 +24,7 @@ fn potential(text: &str, g: f64) -> ExternalPotential {
         text: text.into(),
     };
     let entries: Entries = source.parse().expect("a valid entry");
-    ExternalPotential::new(&source, &entries.external, g).expect("a valid potential")
+    ExternalPotential::new(&source, &entries.external, g, 1.0).expect("a valid potential")
 }
 
 fn best(mut f: impl FnMut()) -> f64 {

@@ -5,13 +5,13 @@
 //
 // A term is EXTERNAL_TERM doubles: its form (0 NFW, 1 Hernquist, 2 Plummer,
 // 3 Miyamoto–Nagai, 4 logarithmic), three parameters (G M, scale, second scale; for the
-// logarithmic form v0², r_c², q²), the centre at t = 0 and its velocity.
-// (`ExternalPotential::device_terms` writes them.)
+// logarithmic form v0², r_c², q²) and its centre at the evaluation's time
+// (`ExternalPotential::device_terms` writes them, the host having moved the centres).
 
-#define EXTERNAL_TERM 10
+#define EXTERNAL_TERM 7
 
-// Acceleration and potential of the terms at x, time t.
-__device__ inline void external_at(const double* __restrict__ terms, unsigned count, double t,
+// Acceleration and potential of the terms at x.
+__device__ inline void external_at(const double* __restrict__ terms, unsigned count,
                                    const double x[3], double a[3], double* phi) {
     a[0] = a[1] = a[2] = 0.0;
     *phi = 0.0;
@@ -20,9 +20,7 @@ __device__ inline void external_at(const double* __restrict__ terms, unsigned co
         const int form = (int)term[0];
         const double p0 = term[1], p1 = term[2], p2 = term[3];
         double d[3];
-        for (int c = 0; c < 3; ++c) {
-            d[c] = __dsub_rn(x[c], __dadd_rn(term[4 + c], __dmul_rn(term[7 + c], t)));
-        }
+        for (int c = 0; c < 3; ++c) d[c] = __dsub_rn(x[c], term[4 + c]);
         const double r2 = __dadd_rn(__dadd_rn(__dmul_rn(d[0], d[0]), __dmul_rn(d[1], d[1])),
                                     __dmul_rn(d[2], d[2]));
         double g_over_r = 0.0, pot = 0.0;
@@ -79,18 +77,18 @@ __device__ inline void external_at(const double* __restrict__ terms, unsigned co
     }
 }
 
-// acc[i] += the terms' acceleration at pos[i], time t, for the k-th of `count` particles:
+// acc[i] += the terms' acceleration at pos[i], for the k-th of `count` particles:
 // the particle of row rows[k] when `listed` (a block sub-step's active ones), else the k-th.
 extern "C" __global__ void add_external(const double* __restrict__ pos, double* __restrict__ acc,
                                         const double* __restrict__ terms, unsigned term_count,
-                                        double t, const unsigned* __restrict__ rows,
+                                        const unsigned* __restrict__ rows,
                                         unsigned listed, unsigned count) {
     const unsigned k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k < count) {
         const unsigned i = listed ? rows[k] : k;
         const double x[3] = {pos[3 * i], pos[3 * i + 1], pos[3 * i + 2]};
         double a[3], phi;
-        external_at(terms, term_count, t, x, a, &phi);
+        external_at(terms, term_count, x, a, &phi);
         for (int c = 0; c < 3; ++c) acc[3 * i + c] = __dadd_rn(acc[3 * i + c], a[c]);
     }
 }
@@ -103,7 +101,7 @@ extern "C" __global__ void add_external(const double* __restrict__ pos, double* 
 extern "C" __global__ void external_energy_chunks(const double* __restrict__ pos,
                                                   const double* __restrict__ mass, unsigned n,
                                                   const double* __restrict__ terms,
-                                                  unsigned term_count, double t,
+                                                  unsigned term_count,
                                                   double* __restrict__ partial) {
     const unsigned c = blockIdx.x * blockDim.x + threadIdx.x;
     const unsigned lo = c * EXTERNAL_SUM_CHUNK;
@@ -113,7 +111,7 @@ extern "C" __global__ void external_energy_chunks(const double* __restrict__ pos
     for (unsigned i = lo; i < hi; ++i) {
         const double x[3] = {pos[3 * i], pos[3 * i + 1], pos[3 * i + 2]};
         double a[3], phi;
-        external_at(terms, term_count, t, x, a, &phi);
+        external_at(terms, term_count, x, a, &phi);
         sum = __dadd_rn(sum, __dmul_rn(mass[i], phi));
     }
     partial[c] = sum;

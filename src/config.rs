@@ -609,6 +609,7 @@ fn validate_external(
         s,
         &entries,
         config.units.gravitational_constant(),
+        config.integrator.t_end,
     )?))
 }
 

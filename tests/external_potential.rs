@@ -56,16 +56,7 @@ snapshot_interval = 0.1
 }
 
 fn run(dir: &Path, name: &str, text: &str, extra: &[&str]) -> Diagnostics {
-    let cfg = write(dir, &format!("{name}.toml"), text);
-    let mut args = vec!["run", cfg.to_str().unwrap(), "--quiet"];
-    args.extend_from_slice(extra);
-    let out = run_in(dir, &args);
-    assert!(
-        out.status.success(),
-        "{name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    Diagnostics::read(&dir.join("runs").join(name).join("diagnostics.csv"))
+    Diagnostics::read(&run_config(dir, name, text, extra).join("diagnostics.csv"))
 }
 
 fn max_abs(v: &[f64]) -> f64 {

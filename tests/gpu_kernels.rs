@@ -470,7 +470,7 @@ fn external_potentials_on_the_device_are_the_hosts() {
         text: text.into(),
     };
     let entries: Entries = source.parse().unwrap();
-    let potential = ExternalPotential::new(&source, &entries.external, 2.0).unwrap();
+    let potential = ExternalPotential::new(&source, &entries.external, 2.0, 1.0).unwrap();
     let t = 0.3;
     let n = 9000usize;
     let mut rng = rand_pcg::Pcg64::seed_from_u64(31);
@@ -487,13 +487,12 @@ fn external_potentials_on_the_device_are_the_hosts() {
         .collect();
     let mass: Vec<f64> = (0..n).map(|_| rng.random_range(0.5..1.5)).collect();
     let acc0: Vec<[f64; 3]> = (0..n).map(|_| [1.0, -2.0, 0.5]).collect();
-    let terms = potential.device_terms();
+    let terms = potential.device_terms(t);
     let mut b = Vec::new();
     u32_bytes(
         &mut b,
         &[n as u32, 64, (terms.len() / EXTERNAL_TERM) as u32],
     );
-    f64_bytes(&mut b, [t]);
     f64_bytes(&mut b, pos.iter().flatten().copied());
     f64_bytes(&mut b, mass.iter().copied());
     f64_bytes(&mut b, acc0.iter().flatten().copied());

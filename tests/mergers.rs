@@ -65,15 +65,7 @@ fn orbit() -> String {
 }
 
 fn run(dir: &Path, name: &str, text: &str, extra: &[&str]) {
-    let cfg = write(dir, &format!("{name}.toml"), text);
-    let mut args = vec!["run", cfg.to_str().unwrap(), "--quiet"];
-    args.extend_from_slice(extra);
-    let out = run_in(dir, &args);
-    assert!(
-        out.status.success(),
-        "{name}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_config(dir, name, text, extra);
 }
 
 fn snapshots(run_dir: &Path) -> Vec<(f64, Particles)> {

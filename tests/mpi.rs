@@ -121,6 +121,51 @@ fn mpi_ranks_run_like_thread_ranks() {
     }
 }
 
+/// Two galaxies on an orbit in a rigid external potential (issue 40): MPI ranks give the
+/// thread ranks' bits.
+#[test]
+fn mpi_ranks_run_galaxies_in_an_external_potential_like_thread_ranks() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let model = repo("ics/small_disk.toml").display().to_string();
+    let text = |name: &str| {
+        galaxy_text(name)
+            .replace(
+                &format!("[ics]\nmodel = \"{model}\"\nn = 12000\n"),
+                &format!(
+                    "[[ics.galaxies]]\nmodel = \"{model}\"\nn = 6000\n\
+                     [[ics.galaxies]]\nmodel = \"{model}\"\nn = 6000\ninclination = 45.0\n\
+                     [ics.orbit]\nseparation = 50.0\npericentre = 5.0\n"
+                ),
+            )
+            .replace(
+                "softening = 0.05\n",
+                "softening = 0.05\n[[gravity.external]]\nprofile = \"plummer\"\nmass = 20.0\nscale_radius = 30.0\n",
+            )
+    };
+    assert!(text("x").contains("ics.galaxies") && text("x").contains("gravity.external"));
+    let mpi = write(d, "mpi.toml", &text("mpi"));
+    let out = mpirun(d, 2, &["run", mpi.to_str().unwrap(), "--quiet"]);
+    assert!(
+        out.status.success(),
+        "mpirun -n 2 failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let threads = write(d, "threads.toml", &text("threads"));
+    let out = run_in(
+        d,
+        &["run", threads.to_str().unwrap(), "--quiet", "--ranks", "2"],
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let a = final_state(&d.join("runs/mpi"), 2);
+    let b = final_state(&d.join("runs/threads"), 2);
+    assert!(a == b, "2 MPI ranks differ from 2 thread ranks");
+}
+
 #[test]
 fn mpi_forces_match_thread_ranks() {
     let dir = tempfile::tempdir().unwrap();

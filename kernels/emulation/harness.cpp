@@ -13,7 +13,7 @@
 //                             positions and masses of the particles (gather_rows and
 //                             gather_tree_order: what a rank's device sends another)
 //   harness conserved IN OUT  IN: n, block, pos, vel, mass, pot; OUT: the per-chunk conserved sums
-//   harness external IN OUT   IN: n, block, terms count, t, pos, mass, acc, terms
+//   harness external IN OUT   IN: n, block, terms count, pos, mass, acc, terms
 //                             (EXTERNAL_TERM each); OUT: acc after add_external of all, then
 //                             the per-chunk energies (external_energy_chunks)
 //   harness p2m IN OUT        IN: n, leaves, p, pos, mass, leaf ranges and centres; OUT: multipoles
@@ -229,18 +229,17 @@ int main(int argc, char** argv) {
         put(out, partial);
     } else if (mode == "external") {
         auto n = in.one<uint32_t>(), block = in.one<uint32_t>(), terms = in.one<uint32_t>();
-        auto t = in.one<double>();
         auto pos = in.many<double>(3 * n), mass = in.many<double>(n);
         auto acc = in.many<double>(3 * n), term = in.many<double>(EXTERNAL_TERM * terms);
         std::vector<unsigned> no_rows(1);
         launch((n + block - 1) / block, block, add_external, (const double*)pos.data(),
-               acc.data(), (const double*)term.data(), (unsigned)terms, t,
+               acc.data(), (const double*)term.data(), (unsigned)terms,
                (const unsigned*)no_rows.data(), 0u, (unsigned)n);
         unsigned chunks = (n + EXTERNAL_SUM_CHUNK - 1) / EXTERNAL_SUM_CHUNK;
         std::vector<double> partial(chunks);
         launch((chunks + block - 1) / block, block, external_energy_chunks,
                (const double*)pos.data(), (const double*)mass.data(), (unsigned)n,
-               (const double*)term.data(), (unsigned)terms, t, partial.data());
+               (const double*)term.data(), (unsigned)terms, partial.data());
         put(out, acc);
         put(out, partial);
     } else if (mode == "p2m") {

@@ -549,17 +549,12 @@ impl<C: Communicator + 'static> ResidentState for DistributedFmm<C> {
         resident_passes(&mut self.device)?.store(particles)
     }
 
-    fn add_external(
-        &mut self,
-        terms: &[f64],
-        t: f64,
-        rows: Option<&[u32]>,
-    ) -> Result<(), GravityError> {
-        resident_passes(&mut self.device)?.add_external(terms, t, rows)
+    fn add_external(&mut self, terms: &[f64], rows: Option<&[u32]>) -> Result<(), GravityError> {
+        resident_passes(&mut self.device)?.add_external(terms, rows)
     }
 
-    fn external_energy(&mut self, terms: &[f64], t: f64) -> Result<f64, GravityError> {
-        resident_passes(&mut self.device)?.external_energy(terms, t)
+    fn external_energy(&mut self, terms: &[f64]) -> Result<f64, GravityError> {
+        resident_passes(&mut self.device)?.external_energy(terms)
     }
 }
 

@@ -312,15 +312,10 @@ pub trait ResidentPasses: Send {
     fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError>;
 
     /// As `ResidentState::add_external`.
-    fn add_external(
-        &mut self,
-        terms: &[f64],
-        t: f64,
-        rows: Option<&[u32]>,
-    ) -> Result<(), GravityError>;
+    fn add_external(&mut self, terms: &[f64], rows: Option<&[u32]>) -> Result<(), GravityError>;
 
     /// As `ResidentState::external_energy`.
-    fn external_energy(&mut self, terms: &[f64], t: f64) -> Result<f64, GravityError>;
+    fn external_energy(&mut self, terms: &[f64]) -> Result<f64, GravityError>;
 
     /// The positions there into `pos`.
     fn positions(&mut self, pos: &mut [[f64; 3]]) -> Result<(), GravityError>;

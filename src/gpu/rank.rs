@@ -124,23 +124,16 @@ impl ResidentPasses for GpuRank {
         device.store_state(state, particles).map_err(device_error)
     }
 
-    fn add_external(
-        &mut self,
-        terms: &[f64],
-        t: f64,
-        rows: Option<&[u32]>,
-    ) -> Result<(), GravityError> {
+    fn add_external(&mut self, terms: &[f64], rows: Option<&[u32]>) -> Result<(), GravityError> {
         let (device, state) = self.loaded()?;
         device
-            .add_external(state, terms, t, rows)
+            .add_external(state, terms, rows)
             .map_err(device_error)
     }
 
-    fn external_energy(&mut self, terms: &[f64], t: f64) -> Result<f64, GravityError> {
+    fn external_energy(&mut self, terms: &[f64]) -> Result<f64, GravityError> {
         let (device, state) = self.loaded()?;
-        device
-            .external_energy(state, terms, t)
-            .map_err(device_error)
+        device.external_energy(state, terms).map_err(device_error)
     }
 
     fn positions(&mut self, pos: &mut [[f64; 3]]) -> Result<(), GravityError> {

@@ -354,22 +354,17 @@ impl ResidentState for GpuSolver {
             .map_err(device_error)
     }
 
-    fn add_external(
-        &mut self,
-        terms: &[f64],
-        t: f64,
-        rows: Option<&[u32]>,
-    ) -> Result<(), GravityError> {
+    fn add_external(&mut self, terms: &[f64], rows: Option<&[u32]>) -> Result<(), GravityError> {
         let state = self.state.as_mut().ok_or_else(not_loaded)?;
         self.device
-            .add_external(state, terms, t, rows)
+            .add_external(state, terms, rows)
             .map_err(device_error)
     }
 
-    fn external_energy(&mut self, terms: &[f64], t: f64) -> Result<f64, GravityError> {
+    fn external_energy(&mut self, terms: &[f64]) -> Result<f64, GravityError> {
         let state = self.state.as_mut().ok_or_else(not_loaded)?;
         self.device
-            .external_energy(state, terms, t)
+            .external_energy(state, terms)
             .map_err(device_error)
     }
 }

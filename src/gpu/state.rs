@@ -329,13 +329,12 @@ impl GpuFmm {
         Ok(total)
     }
 
-    /// `acc += a_ext(x, t)` on the device for the particles `rows` (all without them): the
+    /// `acc += a_ext(x)` on the device for the particles `rows` (all without them): the
     /// external potential `terms` (`ExternalPotential::device_terms`).
     pub fn add_external(
         &self,
         state: &mut DeviceState,
         terms: &[f64],
-        t: f64,
         rows: Option<&[u32]>,
     ) -> Result<(), GpuError> {
         let count = rows.map_or(state.n, <[u32]>::len);
@@ -362,7 +361,6 @@ impl GpuFmm {
             .arg(&mut state.acc)
             .arg(&state.terms.buf)
             .arg(&term_count)
-            .arg(&t)
             .arg(&state.rows.buf)
             .arg(&listed)
             .arg(&count32);
@@ -372,15 +370,10 @@ impl GpuFmm {
         Ok(())
     }
 
-    /// Σ m Φ_ext of the state's particles at time `t` (the external potential `terms`),
-    /// with the host's bits but for the logarithms: per chunk on the device, the chunks
-    /// added in order here, as `ExternalPotential::energy` sums.
-    pub fn external_energy(
-        &self,
-        state: &mut DeviceState,
-        terms: &[f64],
-        t: f64,
-    ) -> Result<f64, GpuError> {
+    /// Σ m Φ_ext of the state's particles (the external potential `terms`), with the
+    /// host's bits but for the logarithms: per chunk on the device, the chunks added in
+    /// order here, as `ExternalPotential::energy` sums.
+    pub fn external_energy(&self, state: &mut DeviceState, terms: &[f64]) -> Result<f64, GpuError> {
         if state.n == 0 || terms.is_empty() {
             return Ok(0.0);
         }
@@ -396,7 +389,6 @@ impl GpuFmm {
             .arg(&n32)
             .arg(&state.terms.buf)
             .arg(&term_count)
-            .arg(&t)
             .arg(&mut state.partial);
         // SAFETY: the arguments match external_energy_chunks's signature; partial holds
         // CONSERVED_SUMS values per chunk (one is used here), one thread per chunk.

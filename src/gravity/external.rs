@@ -51,11 +51,14 @@ pub struct ExternalEntry {
     /// The centre's velocity (it moves along a straight line).
     #[serde(default)]
     pub centre_velocity: [f64; 3],
+    /// A CSV file of the centre's path instead (`time,x,y,z` rows, time increasing,
+    /// linearly interpolated), covering the run from t = 0 to its end.
+    pub centre_orbit: Option<std::path::PathBuf>,
 }
 
 /// Values per term in `ExternalPotential::device_terms` (kernels/external.cu's
 /// `EXTERNAL_TERM`).
-pub const EXTERNAL_TERM: usize = 10;
+pub const EXTERNAL_TERM: usize = 7;
 
 /// One term of the external potential, validated.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -67,11 +70,41 @@ enum Form {
     Logarithmic { v02: f64, rc2: f64, q2: f64 },
 }
 
-#[derive(Debug, Clone, Copy, PartialEq)]
+/// Where a term's centre is at time t.
+#[derive(Debug, Clone, PartialEq)]
+enum Motion {
+    /// `centre + velocity t`.
+    Line {
+        centre: [f64; 3],
+        velocity: [f64; 3],
+    },
+    /// Linear interpolation between `(time, position)` points, time increasing.
+    Path(Vec<(f64, [f64; 3])>),
+}
+
+impl Motion {
+    fn centre_at(&self, t: f64) -> [f64; 3] {
+        match self {
+            Motion::Line { centre, velocity } => {
+                std::array::from_fn(|k| centre[k] + velocity[k] * t)
+            }
+            Motion::Path(points) => {
+                // The segment holding t (the ends extend the first and last segments).
+                let next = points
+                    .partition_point(|p| p.0 <= t)
+                    .clamp(1, points.len() - 1);
+                let ((t0, a), (t1, b)) = (points[next - 1], points[next]);
+                let w = (t - t0) / (t1 - t0);
+                std::array::from_fn(|k| a[k] + (b[k] - a[k]) * w)
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
 struct Term {
     form: Form,
-    centre: [f64; 3],
-    velocity: [f64; 3],
+    motion: Motion,
 }
 
 /// The sum of a run's external potentials (G included).
@@ -82,11 +115,13 @@ pub struct ExternalPotential {
 
 impl ExternalPotential {
     /// The potential of `entries` (validated against the config `s`, whose keys are
-    /// `gravity.external.K.…`) for gravitational constant `g`.
+    /// `gravity.external.K.…`) for gravitational constant `g`, for a run to time `run_end`
+    /// (which a centre's path must reach).
     pub fn new(
         s: &SourceText,
         entries: &[ExternalEntry],
         g: f64,
+        run_end: f64,
     ) -> Result<ExternalPotential, ConfigError> {
         let mut terms = Vec::with_capacity(entries.len());
         for (k, e) in entries.iter().enumerate() {
@@ -158,21 +193,50 @@ impl ExternalPotential {
                     return Err(s.invalid(&key(name), format!("{v:?}"), "must be finite numbers"));
                 }
             }
-            terms.push(Term {
-                form,
-                centre: e.centre,
-                velocity: e.centre_velocity,
-            });
+            let motion = match &e.centre_orbit {
+                None => Motion::Line {
+                    centre: e.centre,
+                    velocity: e.centre_velocity,
+                },
+                Some(_) if e.centre != [0.0; 3] || e.centre_velocity != [0.0; 3] => {
+                    return Err(s.invalid(
+                        &key("centre_orbit"),
+                        "(given)",
+                        "the path gives the centre at every time; drop centre and centre_velocity",
+                    ));
+                }
+                Some(path) => {
+                    let points = read_orbit(path).map_err(|why| {
+                        s.invalid(
+                            &key("centre_orbit"),
+                            format!("{:?}", path.display().to_string()),
+                            why,
+                        )
+                    })?;
+                    let (first, last) = (points[0].0, points[points.len() - 1].0);
+                    if first > 0.0 || last < run_end {
+                        return Err(s.invalid(
+                            &key("centre_orbit"),
+                            format!("{:?}", path.display().to_string()),
+                            format!(
+                                "its times run from {first} to {last}; the run needs its centre from 0 to {run_end}"
+                            ),
+                        ));
+                    }
+                    Motion::Path(points)
+                }
+            };
+            terms.push(Term { form, motion });
         }
         Ok(ExternalPotential { terms })
     }
 
-    /// The terms as `kernels/external.cu` reads them: `EXTERNAL_TERM` values each (form,
-    /// three parameters, centre, velocity).
-    pub fn device_terms(&self) -> Vec<f64> {
+    /// The terms at time `t` as `kernels/external.cu` reads them: `EXTERNAL_TERM` values
+    /// each (form, three parameters, the centre then).
+    pub fn device_terms(&self, t: f64) -> Vec<f64> {
         let mut out = Vec::with_capacity(EXTERNAL_TERM * self.terms.len());
-        for t in &self.terms {
-            let (form, p) = match t.form {
+        for (term, centre) in self.terms.iter().zip(self.centres(t)) {
+            let (form, p) = match term.form {
                 Form::Nfw { gm, rs } => (0.0, [gm, rs, 0.0]),
                 Form::Hernquist { gm, a } => (1.0, [gm, a, 0.0]),
                 Form::Plummer { gm, a } => (2.0, [gm, a, 0.0]),
@@ -181,26 +245,40 @@ impl ExternalPotential {
             };
             out.push(form);
             out.extend(p);
-            out.extend(t.centre);
-            out.extend(t.velocity);
+            out.extend(centre);
         }
         out
+    }
+
+    /// Every term's centre at time `t`.
+    fn centres(&self, t: f64) -> Vec<[f64; 3]> {
+        self.terms
+            .iter()
+            .map(|term| term.motion.centre_at(t))
+            .collect()
     }
 
     /// True when a term's centre moves (the potential then depends on time, and the energy
     /// it exchanges with the particles is not conserved).
     pub fn moves(&self) -> bool {
-        self.terms.iter().any(|t| t.velocity != [0.0; 3])
+        self.terms.iter().any(|t| match &t.motion {
+            Motion::Line { velocity, .. } => *velocity != [0.0; 3],
+            Motion::Path(_) => true,
+        })
     }
 
     /// Acceleration and potential at `x` at time `t`.
-    #[inline]
     pub fn at(&self, x: [f64; 3], t: f64) -> ([f64; 3], f64) {
+        self.at_centres(x, &self.centres(t))
+    }
+
+    /// Acceleration and potential at `x` with the terms centred on `centres`.
+    #[inline]
+    fn at_centres(&self, x: [f64; 3], centres: &[[f64; 3]]) -> ([f64; 3], f64) {
         let mut acc = [0.0; 3];
         let mut pot = 0.0;
-        for term in &self.terms {
-            let d: [f64; 3] =
-                std::array::from_fn(|k| x[k] - (term.centre[k] + term.velocity[k] * t));
+        for (term, c) in self.terms.iter().zip(centres) {
+            let d: [f64; 3] = std::array::from_fn(|k| x[k] - c[k]);
             let (a, p) = term.form.at(d);
             for k in 0..3 {
                 acc[k] += a[k];
@@ -220,16 +298,17 @@ impl ExternalPotential {
         which: Option<&[u32]>,
     ) {
         use rayon::prelude::*;
+        let centres = self.centres(t);
         match which {
             None => acc.par_iter_mut().zip(pos).for_each(|(a, &x)| {
-                let (ext, _) = self.at(x, t);
+                let (ext, _) = self.at_centres(x, &centres);
                 for k in 0..3 {
                     a[k] += ext[k];
                 }
             }),
             Some(list) => {
                 for &i in list {
-                    let (ext, _) = self.at(pos[i as usize], t);
+                    let (ext, _) = self.at_centres(pos[i as usize], &centres);
                     for k in 0..3 {
                         acc[i as usize][k] += ext[k];
                     }
@@ -240,8 +319,40 @@ impl ExternalPotential {
 
     /// Σ m Φ_ext at time `t`, in particle order (the same bits for any thread count).
     pub fn energy(&self, pos: &[[f64; 3]], mass: &[f64], t: f64) -> f64 {
-        crate::sum::sum_indexed(pos.len(), |i| [mass[i] * self.at(pos[i], t).1])[0]
+        let centres = self.centres(t);
+        crate::sum::sum_indexed(pos.len(), |i| {
+            [mass[i] * self.at_centres(pos[i], &centres).1]
+        })[0]
     }
+}
+
+/// The points of a centre's path file: `time,x,y,z` rows (a first line that is not numbers
+/// is a header), at least two, time strictly increasing; why not, in words.
+fn read_orbit(path: &std::path::Path) -> Result<Vec<(f64, [f64; 3])>, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("cannot read it ({e})"))?;
+    let mut points: Vec<(f64, [f64; 3])> = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let values: Result<Vec<f64>, _> =
+            line.split(',').map(|v| v.trim().parse::<f64>()).collect();
+        match values {
+            Ok(v) if v.len() == 4 && v.iter().all(|x| x.is_finite()) => {
+                if points.last().is_some_and(|p| p.0 >= v[0]) {
+                    return Err(format!("line {}: times must increase", n + 1));
+                }
+                points.push((v[0], [v[1], v[2], v[3]]));
+            }
+            Err(_) if points.is_empty() && n == 0 => {} // a header
+            _ => return Err(format!("line {}: expected four numbers time,x,y,z", n + 1)),
+        }
+    }
+    if points.len() < 2 {
+        return Err("it needs at least two time,x,y,z rows".into());
+    }
+    Ok(points)
 }
 
 impl Form {
@@ -319,7 +430,7 @@ mod tests {
             external: Vec<ExternalEntry>,
         }
         let w: Wrapper = source.parse().unwrap();
-        ExternalPotential::new(&source, &w.external, 2.0).unwrap()
+        ExternalPotential::new(&source, &w.external, 2.0, 1.0).unwrap()
     }
 
     /// A potential's squared circular velocity in its plane of symmetry, as a formula.
@@ -405,6 +516,51 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn a_centre_follows_its_path_file_and_a_bad_one_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("orbit.csv");
+        std::fs::write(&path, "time,x,y,z\n0,0,0,0\n1,2,0,0\n3,2,4,0\n").unwrap();
+        let text = format!(
+            "[[external]]\nprofile = \"plummer\"\nmass = 1.0\nscale_radius = 1.0\ncentre_orbit = {:?}",
+            path.display().to_string()
+        );
+        let p = potential(&text);
+        assert!(p.moves());
+        // At t = 2 the centre is halfway along the second segment: (2, 2, 0).
+        let (a, _) = p.at([2.0, 2.0, 0.0], 2.0);
+        assert_eq!(a, [0.0; 3]);
+        assert_eq!(p.device_terms(0.5)[4..7], [1.0, 0.0, 0.0]);
+        let source = |text: &str| SourceText {
+            path: "test.toml".into(),
+            text: text.into(),
+        };
+        #[derive(Deserialize)]
+        struct Wrapper {
+            external: Vec<ExternalEntry>,
+        }
+        let refused = |csv: &str, end: f64, needle: &str| {
+            std::fs::write(&path, csv).unwrap();
+            let s = source(&text);
+            let w: Wrapper = s.parse().unwrap();
+            let e = ExternalPotential::new(&s, &w.external, 2.0, end)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                e.contains("gravity.external.0.centre_orbit") && e.contains(needle),
+                "{e}"
+            );
+        };
+        refused(
+            "0,0,0,0\n1,1,1,1\n",
+            2.0,
+            "from 0 to 1; the run needs its centre from 0 to 2",
+        );
+        refused("0,0,0,0\n0,1,1,1\n", 1.0, "times must increase");
+        refused("0,0,0\n", 1.0, "four numbers");
+        refused("time,x,y,z\n0,0,0,0\n", 1.0, "at least two");
     }
 
     #[test]

@@ -221,18 +221,14 @@ pub trait ResidentState {
     /// Positions, velocities, accelerations and potentials back into `particles`.
     fn store(&mut self, particles: &mut Particles) -> Result<(), GravityError>;
 
-    /// Adds the external potential `terms` (`ExternalPotential::device_terms`) at time `t`
-    /// to the accelerations on the device, of the listed rows or of all.
-    fn add_external(
-        &mut self,
-        terms: &[f64],
-        t: f64,
-        rows: Option<&[u32]>,
-    ) -> Result<(), GravityError>;
+    /// Adds the external potential `terms` (`ExternalPotential::device_terms` at the
+    /// evaluation's time) to the accelerations on the device, of the listed rows or of all.
+    fn add_external(&mut self, terms: &[f64], rows: Option<&[u32]>) -> Result<(), GravityError>;
 
-    /// Σ m Φ_ext of the device's particles for the external potential `terms` at time `t`,
-    /// summed as `ExternalPotential::energy` does.
-    fn external_energy(&mut self, terms: &[f64], t: f64) -> Result<f64, GravityError>;
+    /// Σ m Φ_ext of the device's particles for the external potential `terms`
+    /// (`ExternalPotential::device_terms` at the time wanted), summed as
+    /// `ExternalPotential::energy` does.
+    fn external_energy(&mut self, terms: &[f64]) -> Result<f64, GravityError>;
 }
 
 /// The flags of `n` particles, set for the rows listed in `rows` (a block sub-step's

@@ -280,14 +280,17 @@ mod tests {
         fn add_external(
             &mut self,
             _terms: &[f64],
-            _t: f64,
             _rows: Option<&[u32]>,
         ) -> Result<(), GravityError> {
-            Err(GravityError::Device("the mirror adds no external potential".into()))
+            Err(GravityError::Device(
+                "the mirror adds no external potential".into(),
+            ))
         }
 
-        fn external_energy(&mut self, _terms: &[f64], _t: f64) -> Result<f64, GravityError> {
-            Err(GravityError::Device("the mirror adds no external potential".into()))
+        fn external_energy(&mut self, _terms: &[f64]) -> Result<f64, GravityError> {
+            Err(GravityError::Device(
+                "the mirror adds no external potential".into(),
+            ))
         }
     }
 

@@ -82,7 +82,7 @@ impl<'a> Simulation<'a> {
         if let Some(external) = &self.spec.external {
             let t = self.timeline.time(self.state.ti);
             let mine = match self.solver.resident().filter(|_| on_device) {
-                Some(device) => device.external_energy(&external.device_terms(), t)?,
+                Some(device) => device.external_energy(&external.device_terms(t))?,
                 None => external.energy(&self.particles.pos, &self.particles.mass, t),
             };
             conserved.external = allreduce_sum(self.comm, &[mine])?[0];
@@ -199,7 +199,7 @@ impl<'a> Simulation<'a> {
         };
         if let Some(external) = &self.spec.external {
             match self.solver.resident().filter(|_| on_device) {
-                Some(device) => device.add_external(&external.device_terms(), time, active)?,
+                Some(device) => device.add_external(&external.device_terms(time), active)?,
                 None => {
                     let p = &mut self.particles;
                     external.add_accelerations(&p.pos, &mut p.acc, time, active);

@@ -33,6 +33,22 @@ pub fn run_in(cwd: &Path, args: &[&str]) -> Output {
         .expect("the leapfmm binary starts")
 }
 
+/// Writes the config `text` to `dir/<name>.toml` and runs it with `--quiet` and `extra`
+/// in `dir`, asserting that it succeeded; the run's folder (`dir/runs/<name>` for a config
+/// with `output_dir = "runs"`).
+pub fn run_config(dir: &Path, name: &str, text: &str, extra: &[&str]) -> PathBuf {
+    let cfg = write(dir, &format!("{name}.toml"), text);
+    let mut args = vec!["run", cfg.to_str().unwrap(), "--quiet"];
+    args.extend_from_slice(extra);
+    let out = run_in(dir, &args);
+    assert!(
+        out.status.success(),
+        "{name}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    dir.join("runs").join(name)
+}
+
 /// Writes `text` to `dir/name` and returns the path.
 pub fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
     let path = dir.join(name);

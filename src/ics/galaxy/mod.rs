@@ -138,6 +138,7 @@ pub fn rigid_halo(model: &ModelFile) -> Option<ExternalEntry> {
         flattening: None,
         centre: [0.0; 3],
         centre_velocity: [0.0; 3],
+        centre_orbit: None,
     })
 }
 
