@@ -1,7 +1,8 @@
 //! Rigid external potentials (`[[gravity.external]]`): NFW, Hernquist, Plummer,
 //! Miyamoto–Nagai and logarithmic potentials, any sum of them, each centred on a point at
-//! rest or moving at a constant velocity. Their acceleration is added to every particle's
-//! after the self-gravity, and their potential energy Σ m Φ_ext to the run's total energy.
+//! rest, moving at a constant velocity or along a path read from a file. Their acceleration
+//! is added to every particle's after the self-gravity, and their potential energy
+//! Σ m Φ_ext to the run's total energy.
 //!
 //! Owns the analytic potentials and their config entries. The run adds them to the forces
 //! (`simulation`); the model files' rigid halos are turned into entries here too
