@@ -169,3 +169,31 @@ fn bad_external_potential_keys_are_named() {
         &["isochrone"],
     );
 }
+
+#[test]
+fn a_centre_path_file_changed_under_a_run_stops_its_resume() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let galaxy = write(d, "galaxy_model.toml", &model(false));
+    let orbit = write(d, "orbit.csv", "time,x,y,z\n0,0,0,0\n1,10,0,0\n");
+    let gravity = format!(
+        "[[gravity.external]]\nprofile = \"plummer\"\nmass = 10.0\nscale_radius = 5.0\ncentre_orbit = {:?}",
+        orbit.display().to_string()
+    );
+    let text = config("moving", &galaxy, 500, &gravity).replace("t_end = 0.1", "t_end = 0.002");
+    let run_dir = run_config(d, "moving", &text, &[]);
+    assert!(run_dir.join("inputs.toml").is_file());
+    write(d, "orbit.csv", "time,x,y,z\n0,0,0,0\n1,20,0,0\n");
+    let longer = write(
+        d,
+        "moving.toml",
+        &text.replace("t_end = 0.002", "t_end = 0.004"),
+    );
+    let out = run_in(d, &["run", longer.to_str().unwrap(), "--resume", "--quiet"]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "resumed with a changed path file");
+    assert!(
+        err.contains("orbit.csv") && err.contains("changed since the run started"),
+        "{err}"
+    );
+}

@@ -9,6 +9,7 @@
 
 use crate::config::{IcSource, flatten};
 use crate::format::short_text;
+use crate::gravity::external::ExternalEntry;
 use crate::ics::ModelFile;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -47,6 +48,9 @@ pub struct RunInputs {
     /// (`[[ics.galaxies]]`; their placement is in the config).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub galaxies: Vec<ModelRecord>,
+    /// The path files external potentials' centres follow (`centre_orbit`), in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub orbits: Vec<FileRecord>,
 }
 
 /// A model file: its digest and its parsed content (defaults filled in).
@@ -74,14 +78,29 @@ pub struct FileRecord {
 }
 
 impl RunInputs {
-    /// Records the inputs of a validated run (reads and hashes the model or IC file).
-    pub fn of(ics: &IcSource) -> Result<Self, InputsError> {
+    /// Records the inputs of a validated run (reads and hashes the model or IC file, and
+    /// the path files of the `external` potentials' centres).
+    pub fn of(ics: &IcSource, external: &[ExternalEntry]) -> Result<Self, InputsError> {
+        let mut inputs = Self::of_ics(ics)?;
+        for path in external.iter().filter_map(|e| e.centre_orbit.as_deref()) {
+            let (sha256, bytes) = sha256_of(path)?;
+            inputs.orbits.push(FileRecord {
+                path: path.display().to_string(),
+                sha256,
+                bytes,
+            });
+        }
+        Ok(inputs)
+    }
+
+    fn of_ics(ics: &IcSource) -> Result<Self, InputsError> {
         Ok(match ics {
             IcSource::Model { path, model, .. } => RunInputs {
                 format: FORMAT,
                 model: Some(ModelRecord::of(path, model)?),
                 file: None,
                 galaxies: Vec::new(),
+                orbits: Vec::new(),
             },
             IcSource::Galaxies(encounter) => RunInputs {
                 format: FORMAT,
@@ -92,6 +111,7 @@ impl RunInputs {
                     .iter()
                     .map(|g| ModelRecord::of(&g.path, &g.model))
                     .collect::<Result<_, _>>()?,
+                orbits: Vec::new(),
             },
             IcSource::File { path } => {
                 let (sha256, bytes) = sha256_of(path)?;
@@ -104,6 +124,7 @@ impl RunInputs {
                         bytes,
                     }),
                     galaxies: Vec::new(),
+                    orbits: Vec::new(),
                 }
             }
         })
@@ -154,6 +175,23 @@ impl RunInputs {
     /// `None` when they do (same model keys and values, or the same IC file bytes).
     pub fn difference(&self, now: &RunInputs) -> Option<String> {
         let restore = "restore it to resume, or start a new run under another name";
+        self.ics_difference(now, restore).or_else(|| {
+            let changed = self.orbits.len() != now.orbits.len()
+                || self.orbits.iter().zip(&now.orbits).any(|(a, b)| a.sha256 != b.sha256);
+            changed.then(|| {
+                format!(
+                    "the external potentials' centre path files ({}) changed since the run started; {restore}",
+                    now.orbits
+                        .iter()
+                        .map(|o| o.path.as_str())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )
+            })
+        })
+    }
+
+    fn ics_difference(&self, now: &RunInputs, restore: &str) -> Option<String> {
         match (&self.model, &now.model, &self.file, &now.file) {
             (Some(was), Some(is), _, _) => model_change(was, is, restore),
             (None, None, None, None)

@@ -207,7 +207,7 @@ pub(super) fn folder_verdict(
             spec.source.path.display()
         ));
     }
-    let now = RunInputs::of(&spec.ics).map_err(|e| e.to_string())?;
+    let now = RunInputs::of(&spec.ics, &spec.config.gravity.external).map_err(|e| e.to_string())?;
     if !has_outputs {
         return Ok(now);
     }
