@@ -368,6 +368,12 @@ fn a_campaign_sweeps_the_orbit_and_each_galaxy_and_its_model() {
     let path = write(dir.path(), "sweep.toml", &text);
     let campaign = leapfmm::campaign::Campaign::load(&path).unwrap();
     assert_eq!(campaign.runs.len(), 9);
+    // Named from the values, keys in alphabetical order (the galaxy's model key first).
+    let names: Vec<&str> = campaign.runs.iter().map(|r| r.name.as_str()).collect();
+    assert!(
+        names.contains(&"toomre_q=1.5_inclination=60.0_pericentre=4.0"),
+        "{names:?}"
+    );
     for run in &campaign.runs {
         let spec = run.spec.as_ref().unwrap();
         let leapfmm::config::IcSource::Galaxies(encounter) = &spec.ics else {
