@@ -197,3 +197,25 @@ fn a_centre_path_file_changed_under_a_run_stops_its_resume() {
         "{err}"
     );
 }
+
+#[test]
+fn block_steps_feel_the_rigid_halo_at_every_sub_step() {
+    // The block scheme's sub-steps evaluate the active particles only; each must get the
+    // halo's pull too. Without it the disk (a tenth of the halo's mass inside it) would
+    // fly apart and the energy, the halo's included, change by order unity; with it the
+    // block scheme's own error remains (2.3e-5 measured, at η = 0.15).
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let rigid = write(d, "rigid_model.toml", &model(true));
+    let text = config("block", &rigid, 3_000, "").replace(
+        "dt_max = 0.001\nfixed_step = true",
+        "dt_max = 0.004\nscheme = \"block\"\neta = 0.15",
+    );
+    assert!(text.contains("scheme = \"block\""));
+    let block = run(d, "block", &text, &[]);
+    let e = max_abs(&block.column("rel_energy_error"));
+    assert!(
+        e < 1e-3,
+        "max |ΔE/E| {e:.2e} with block steps in a rigid halo"
+    );
+}
