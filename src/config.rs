@@ -10,7 +10,7 @@
 use crate::fmm::expansion::MAX_ORDER;
 use crate::fmm::p2p::NearFieldPrecision;
 use crate::format::short;
-use crate::gravity::external::{ExternalEntry, ExternalPotential};
+use crate::gravity::external::{ExternalEntry, ExternalPotential, ExternalProfile};
 use crate::gravity::{Softening, SofteningKernel};
 use crate::ics::ModelFile;
 use crate::ics::encounter::{Encounter, GalaxyEntry, OrbitEntry};
@@ -577,6 +577,25 @@ fn validate_ics(s: &SourceText, config: &RunConfig) -> Result<IcSource, ConfigEr
     }
 }
 
+/// A model's rigid halo as an external potential's entry.
+fn rigid_halo_entry(h: crate::ics::galaxy::RigidHalo) -> ExternalEntry {
+    ExternalEntry {
+        profile: match h.profile {
+            crate::ics::HaloProfile::Hernquist => ExternalProfile::Hernquist,
+            crate::ics::HaloProfile::Nfw => ExternalProfile::Nfw,
+        },
+        mass: Some(h.mass),
+        scale_radius: Some(h.scale_radius),
+        scale_height: None,
+        circular_velocity: None,
+        core_radius: None,
+        flattening: None,
+        centre: [0.0; 3],
+        centre_velocity: [0.0; 3],
+        centre_orbit: None,
+    }
+}
+
 /// The run's external potential: its `[[gravity.external]]` entries and the model's rigid
 /// halo; `None` when there is neither.
 fn validate_external(
@@ -586,7 +605,9 @@ fn validate_external(
 ) -> Result<Option<ExternalPotential>, ConfigError> {
     let mut entries = config.gravity.external.clone();
     match ics {
-        IcSource::Model { model, .. } => entries.extend(crate::ics::galaxy::rigid_halo(model)),
+        IcSource::Model { model, .. } => {
+            entries.extend(crate::ics::galaxy::rigid_halo(model).map(rigid_halo_entry));
+        }
         IcSource::Galaxies(encounter) => {
             if let Some(g) = encounter
                 .galaxies

@@ -11,7 +11,6 @@ pub mod velocities;
 
 use super::sampling::{Share, Stream, isotropic_unit, sample_blocks};
 use super::{BulgeModel, DiskModel, HaloModel, HaloProfile, ModelFile, QProfileKind};
-use crate::gravity::external::{ExternalEntry, ExternalProfile};
 use crate::particles::{Component, Particles};
 use disk::DiskProfile;
 use potential::{DiskPotential, GalaxyPotential};
@@ -107,38 +106,33 @@ fn nfw_scales(h: &HaloModel, g: f64) -> (f64, f64, f64) {
     (rho_s, rs, r200)
 }
 
-/// The external potential of a model's rigid halo (`[halo] rigid = true`), centred on the
-/// origin at rest: the untapered Hernquist or NFW profile the model's velocities were set
-/// in; `None` without a rigid halo.
-pub fn rigid_halo(model: &ModelFile) -> Option<ExternalEntry> {
+/// A model's rigid halo (`[halo] rigid = true`) as the run adds it, centred on the origin at
+/// rest: the untapered profile the model's velocities were set in.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RigidHalo {
+    /// Hernquist or NFW.
+    pub profile: HaloProfile,
+    /// Hernquist: the total mass; NFW: the scale mass 4π ρ_s r_s³.
+    pub mass: f64,
+    /// a, or r_s.
+    pub scale_radius: f64,
+}
+
+/// The rigid halo of `model`; `None` without one.
+pub fn rigid_halo(model: &ModelFile) -> Option<RigidHalo> {
     let h = model.halo.as_ref().filter(|h| h.rigid)?;
     let g = model.units.gravitational_constant();
-    let (profile, mass, scale_radius) = match h.profile {
-        HaloProfile::Hernquist => (
-            ExternalProfile::Hernquist,
-            h.mass.unwrap_or(0.0),
-            h.scale_radius.unwrap_or(1.0),
-        ),
+    let (mass, scale_radius) = match h.profile {
+        HaloProfile::Hernquist => (h.mass.unwrap_or(0.0), h.scale_radius.unwrap_or(1.0)),
         HaloProfile::Nfw => {
             let (rho_s, rs, _) = nfw_scales(h, g);
-            (
-                ExternalProfile::Nfw,
-                4.0 * std::f64::consts::PI * rho_s * rs.powi(3),
-                rs,
-            )
+            (4.0 * std::f64::consts::PI * rho_s * rs.powi(3), rs)
         }
     };
-    Some(ExternalEntry {
-        profile,
-        mass: Some(mass),
-        scale_radius: Some(scale_radius),
-        scale_height: None,
-        circular_velocity: None,
-        core_radius: None,
-        flattening: None,
-        centre: [0.0; 3],
-        centre_velocity: [0.0; 3],
-        centre_orbit: None,
+    Some(RigidHalo {
+        profile: h.profile,
+        mass,
+        scale_radius,
     })
 }
 
