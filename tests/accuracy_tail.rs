@@ -2,7 +2,8 @@
 //! (the error-controlled MAC, `FmmSettings::accuracy`) against direct summation on 4 000
 //! random particles plus the 500 with the weakest forces and the 500 farthest from the
 //! centre, where the errors of a geometric MAC concentrate. Asserted: p99 ≤ accuracy,
-//! max ≤ 10 × accuracy and aggL2 ≤ 0.3 × accuracy, at 1e-3, 1e-4 and 1e-5.
+//! max ≤ 10 × accuracy and aggL2 ≤ 0.3 × accuracy, at 1e-3, 1e-4 and 1e-5 with 1e4
+//! particles, and at 1e-3 with 1e5.
 
 use leapfmm::fmm::solver::{Evaluation, default_order, magnitudes};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
@@ -22,10 +23,15 @@ const TAIL: usize = 500;
 /// defaults a user gets (order `default_order(accuracy)`, θ and leaf size) over the random
 /// targets and the tail.
 fn errors(w: Workload, accuracy: f64) -> AccuracyStats {
-    let p = w.particles(N, 1);
+    errors_at(w, N, accuracy)
+}
+
+/// `errors` at `n` particles.
+fn errors_at(w: Workload, n: usize, accuracy: f64) -> AccuracyStats {
+    let p = w.particles(n, 1);
     let softening = Softening {
         kernel: SofteningKernel::Spline,
-        epsilon: w.softening(N),
+        epsilon: w.softening(n),
     };
     let settings = FmmSettings {
         accuracy,
@@ -33,12 +39,12 @@ fn errors(w: Workload, accuracy: f64) -> AccuracyStats {
         ..FmmSettings::defaults(softening, w.g())
     };
     let mut solver = FmmSolver::new(settings, None);
-    let mut acc = vec![[0.0; 3]; N];
-    let mut pot = vec![0.0; N];
+    let mut acc = vec![[0.0; 3]; n];
+    let mut pot = vec![0.0; n];
     solver
         .evaluate(&p.pos, &p.mass, &p.id, &mut acc, &mut pot)
         .expect("an FMM evaluation of the test set");
-    let random = sample_indices(N, RANDOM, 7);
+    let random = sample_indices(n, RANDOM, 7);
     let tail = tail_indices(&p.pos, &p.mass, &acc, TAIL);
     let reference = Reference::at(&p.pos, &p.mass, &[&random, &tail], w.g(), softening);
     reference.compare(&acc, reference.indices())
@@ -90,6 +96,28 @@ fn cold_uniform_cube() {
 #[test]
 fn one_tight_clump() {
     honours_the_accuracy(Workload::Clump);
+}
+
+/// At 1e5 particles too (issue 42 asks for 1e4, 1e5 and 1e6; 1e6 is in docs/benchmarks.md),
+/// at the accuracy a user is most likely to ask for. (At 1e-5 the two galaxies' p99 comes
+/// out at 1.1e-5 at 1e5, just over: the open part of issue 42.)
+#[test]
+fn the_whole_set_at_1e5_particles_holds_1e_3() {
+    let accuracy = 1e-3;
+    for w in [
+        Workload::Plummer,
+        Workload::HernquistCusp,
+        Workload::TruncatedHalo,
+        Workload::TwoGalaxies,
+        Workload::UniformCube,
+        Workload::Clump,
+    ] {
+        let e = errors_at(w, 100_000, accuracy);
+        let case = format!("{} at 1e5: {e:?}", w.name());
+        assert!(e.p99 <= accuracy, "p99 above the accuracy, {case}");
+        assert!(e.max <= 10.0 * accuracy, "max above 10x, {case}");
+        assert!(e.agg_l2 <= 0.3 * accuracy, "aggL2 above 0.3x, {case}");
+    }
 }
 
 /// The set tells the criteria apart: the geometric MAC at its default θ breaks the max
