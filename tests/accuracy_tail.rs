@@ -104,14 +104,7 @@ fn one_tight_clump() {
 #[test]
 fn the_whole_set_at_1e5_particles_holds_1e_3() {
     let accuracy = 1e-3;
-    for w in [
-        Workload::Plummer,
-        Workload::HernquistCusp,
-        Workload::TruncatedHalo,
-        Workload::TwoGalaxies,
-        Workload::UniformCube,
-        Workload::Clump,
-    ] {
+    for w in Workload::TEST_SET {
         let e = errors_at(w, 100_000, accuracy);
         let case = format!("{} at 1e5: {e:?}", w.name());
         assert!(e.p99 <= accuracy, "p99 above the accuracy, {case}");
