@@ -432,7 +432,7 @@ fn plan_run(
     changed.sort_unstable();
     changed.dedup();
     for galaxy in changed {
-        let (model_key, file) = match galaxy {
+        let (path_key, file) = match galaxy {
             None => ("ics.model".to_string(), format!("{name}.toml")),
             Some(g) => (
                 format!("ics.galaxies.{g}.model"),
@@ -458,7 +458,7 @@ fn plan_run(
                 Some(g) => format!("ics.galaxies.{g}.{first}"),
             };
             return Err(invalid(format!(
-                "key path \"{key}\" changes a model file, but the run has no {model_key}"
+                "key path \"{key}\" changes a model file, but the run has no {path_key}"
             )));
         };
         let model_source = SourceText::read(Path::new(base_model))?;
@@ -470,7 +470,7 @@ fn plan_run(
         write_toml(&path, &model)?;
         set_path(
             &mut config,
-            &model_key,
+            &path_key,
             Value::String(path.to_string_lossy().into_owned()),
         )
         .map_err(invalid)?;

@@ -143,29 +143,24 @@ fn bad_external_potential_keys_are_named() {
             assert!(err.contains(n), "{name} should name {n:?}: {err}");
         }
     };
-    let text = |gravity: &str| gravity.to_string();
     refused(
         "missing",
-        &text("[[gravity.external]]\nprofile = \"nfw\"\nmass = 1.0"),
+        "[[gravity.external]]\nprofile = \"nfw\"\nmass = 1.0",
         &["gravity.external.0.scale_radius", "(missing)"],
     );
     refused(
         "negative",
-        &text(
-            "[[gravity.external]]\nprofile = \"plummer\"\nmass = 1.0\nscale_radius = 1.0\n[[gravity.external]]\nprofile = \"logarithmic\"\ncircular_velocity = -200.0\ncore_radius = 1.0",
-        ),
+        "[[gravity.external]]\nprofile = \"plummer\"\nmass = 1.0\nscale_radius = 1.0\n[[gravity.external]]\nprofile = \"logarithmic\"\ncircular_velocity = -200.0\ncore_radius = 1.0",
         &["gravity.external.1.circular_velocity", "-200"],
     );
     refused(
         "foreign",
-        &text(
-            "[[gravity.external]]\nprofile = \"hernquist\"\nmass = 1.0\nscale_radius = 1.0\nflattening = 0.9",
-        ),
+        "[[gravity.external]]\nprofile = \"hernquist\"\nmass = 1.0\nscale_radius = 1.0\nflattening = 0.9",
         &["gravity.external.0.flattening", "does not take it"],
     );
     refused(
         "unknown",
-        &text("[[gravity.external]]\nprofile = \"isochrone\"\nmass = 1.0"),
+        "[[gravity.external]]\nprofile = \"isochrone\"\nmass = 1.0",
         &["isochrone"],
     );
 }

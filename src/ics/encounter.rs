@@ -337,27 +337,26 @@ pub fn assemble(
     moments: &[BlockMoments],
     g: f64,
 ) -> Particles {
-    let of_galaxy = |k: usize| -> Vec<BlockMoments> {
-        moments
-            .iter()
-            .filter(|b| (b.first_id / GALAXY_ID_STRIDE) as usize == k)
-            .copied()
-            .collect()
-    };
+    // Each galaxy's blocks, in ID order (the order every sum runs in).
+    let mut of_galaxy = vec![Vec::new(); encounter.galaxies.len()];
+    for b in moments {
+        if let Some(blocks) = of_galaxy.get_mut((b.first_id / GALAXY_ID_STRIDE) as usize) {
+            blocks.push(*b);
+        }
+    }
+    for blocks in &mut of_galaxy {
+        blocks.sort_by_key(|b| b.first_id);
+    }
     let masses: Vec<f64> = encounter
         .galaxies
         .iter()
-        .enumerate()
-        .map(|(k, galaxy)| {
-            let mut blocks = of_galaxy(k);
-            blocks.sort_by_key(|b| b.first_id);
-            galaxy.mass_scale * blocks.iter().map(|b| b.sums[0]).sum::<f64>()
-        })
+        .zip(&of_galaxy)
+        .map(|(galaxy, blocks)| galaxy.mass_scale * blocks.iter().map(|b| b.sums[0]).sum::<f64>())
         .collect();
     let centres = encounter.centres(&masses, g);
     let mut out = Particles::default();
     for (k, (p, galaxy)) in parts.iter_mut().zip(&encounter.galaxies).enumerate() {
-        centre_on(p, &of_galaxy(k));
+        centre_on(p, &of_galaxy[k]);
         place(p, galaxy.mass_scale, &galaxy.rotation, centres[k]);
         out.extend(std::mem::take(p));
     }

@@ -318,6 +318,13 @@ impl<'a> Simulation<'a> {
         for note in solver.notes() {
             progress.note(&format!("{}: {note}", c.name));
         }
+        if spec.external.as_ref().is_some_and(|e| e.moves()) {
+            // Said once, so that a drifting rel_energy_error is not taken for an error.
+            progress.note(&format!(
+                "{}: an external potential's centre moves, so the energy is not conserved: rel_energy_error includes the work the moving potential does on the particles",
+                c.name
+            ));
+        }
         let since = timeline.time(state.ti);
         let residence = match solver.resident() {
             Some(_) => {
