@@ -4,7 +4,7 @@
 CARGO ?= cargo
 CONFIG ?= configs/quickstart.toml
 
-.PHONY: deps deps-mpi build run test test-readers test-mpi kernels-check lint bench
+.PHONY: deps deps-mpi build run test test-readers test-python test-mpi kernels-check lint bench
 
 deps:
 	@scripts/install-deps.sh
@@ -39,6 +39,22 @@ test-readers: build
 	@python3 -m venv .readers-venv 2>/dev/null || { scripts/install-deps.sh venv && python3 -m venv .readers-venv; }
 	@.readers-venv/bin/pip install -q --disable-pip-version-check -r tests/readers/requirements.txt
 	@cd tests/readers && ../../.readers-venv/bin/python -m pytest -q -p no:cacheprovider -W ignore::UserWarning test_readers.py
+
+# The Python library (python/): `pip install ./python` into a fresh virtual environment
+# (maturin builds the extension from this crate, HDF5 linked in), then its tests and the
+# worked example (python/tests, python/examples; matplotlib draws without a display).
+# The extension's build keeps its own target folder so that reruns are incremental. Run
+# from the root, where no source `leapfmm/` folder shadows the installed package.
+test-python: build
+	@rm -rf .python-venv
+	@python3 -m venv .python-venv 2>/dev/null || { scripts/install-deps.sh venv && python3 -m venv .python-venv; }
+	@.python-venv/bin/pip install -q --disable-pip-version-check pytest h5py matplotlib 'cmake>=3.26'
+	$(CARGO) fmt --check --manifest-path python/Cargo.toml
+	PATH="$(CURDIR)/.python-venv/bin:$$PATH" CARGO_TARGET_DIR=$(CURDIR)/target/python \
+		$(CARGO) clippy --release --manifest-path python/Cargo.toml -- -D warnings
+	@CARGO_TARGET_DIR=$(CURDIR)/target/python .python-venv/bin/pip install -q --disable-pip-version-check ./python
+	@.python-venv/bin/python -m pytest -q -p no:cacheprovider python/tests
+	@MPLBACKEND=Agg .python-venv/bin/python python/examples/small_disk.py --out target/python/example
 
 # The MPI tests: `mpirun -n 2` and `-n 3` against thread ranks (feature `mpi`).
 test-mpi: deps-mpi

@@ -540,3 +540,58 @@ fn coincident_particles_feel_the_kernels_central_potential() {
         }
     }
 }
+
+/// Massless particles (test points, as `leapfmm.accelerations(..., targets=)` evaluates
+/// them) get the field at their places and change nothing else: whole cells of them (a
+/// far cloud of points) have no centre of mass, and their mean stands in.
+#[test]
+fn massless_test_points_feel_the_field_and_leave_the_sources_alone() {
+    let s = set("plummer", 20_000, 11);
+    let n = s.pos.len();
+    let points: Vec<[f64; 3]> = set("uniform", 3_000, 12)
+        .pos
+        .iter()
+        .map(|p| [40.0 + 10.0 * p[0], 10.0 * p[1], 10.0 * p[2]])
+        .chain(s.pos[..1000].iter().map(|p| [p[0] + 1e-3, p[1], p[2]]))
+        .collect();
+    let mut pos = s.pos.clone();
+    pos.extend_from_slice(&points);
+    let mut mass = s.mass.clone();
+    mass.resize(pos.len(), 0.0);
+    let id: Vec<u64> = (0..pos.len() as u64).collect();
+    // The accuracy target: the far cloud is the weak-field tail it holds to 1e-5 too.
+    let accurate = FmmSettings {
+        accuracy: 1e-5,
+        ..settings(9, 0.5, 64, NearFieldPrecision::Double)
+    };
+    let mut solver = FmmSolver::new(accurate.clone(), None);
+    let (mut acc, mut pot) = (vec![[0.0; 3]; pos.len()], vec![0.0; pos.len()]);
+    solver
+        .evaluate(&pos, &mass, &id, &mut acc, &mut pot)
+        .expect("evaluation");
+    let (alone, alone_pot) = run(&s, &mut FmmSolver::new(accurate, None));
+    // The sources' own forces: not the same bits (the points change the tree's cells and
+    // so the expansions), but as accurate as without them.
+    let (with, without) = (accuracy(&s, &acc[..n]), accuracy(&s, &alone));
+    assert!(
+        with.p99 < 1.5 * without.p99 && with.max < 1.5 * without.max,
+        "{with:?} {without:?}"
+    );
+    let all: Vec<usize> = (0..n).collect();
+    let (_, exact_pot) = direct_at(&s.pos, &s.mass, &all, 1.0, Softening::newtonian());
+    let worst = |p: &[f64]| {
+        p.iter()
+            .zip(&exact_pot)
+            .map(|(a, b)| ((a - b) / b).abs())
+            .fold(0.0, f64::max)
+    };
+    let (with, without) = (worst(&pot[..n]), worst(&alone_pot));
+    assert!(with < 1.5 * without, "{with} {without}");
+    let sources = leapfmm::gravity::direct::SourceSet::new(&s.pos, &s.mass);
+    let direct = leapfmm::gravity::direct::DirectSummation::new(1.0, Softening::newtonian());
+    let (mut reference, mut ref_pot) = (vec![[0.0; 3]; points.len()], vec![0.0; points.len()]);
+    direct.evaluate(&sources, &points, &mut reference, &mut ref_pot);
+    let err = compare(&acc[n..], &reference);
+    assert!(acc[n..].iter().flatten().all(|a| a.is_finite()));
+    assert!(err.p99 <= 1e-5 && err.max <= 1e-4, "{err:?}");
+}

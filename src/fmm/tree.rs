@@ -667,6 +667,20 @@ impl Tree {
                     (m, s)
                 };
                 cell.mass = m;
+                // A cell of massless particles (test points evaluated with the sources) has
+                // no centre of mass: its particles' mean stands in, so that its local
+                // expansion is taken among them (its multipoles are zero either way).
+                let (c, m) = if m > 0.0 {
+                    (c, m)
+                } else {
+                    let mut s = [0.0; 3];
+                    for x in &pos[b..e] {
+                        for k in 0..3 {
+                            s[k] += x[k];
+                        }
+                    }
+                    (s, (e - b) as f64)
+                };
                 // Geometry in f32-representable values: other ranks receive it in f32 and
                 // must see the same bits as the owner (their walks decide alike on it).
                 cell.centre = [c[0] / m, c[1] / m, c[2] / m].map(|v| f64::from(v as f32));

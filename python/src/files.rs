@@ -1,0 +1,134 @@
+//! Files from Python: initial conditions from a model file (`ics`), snapshots read back
+//! (`load`), and whole TOML runs and campaigns (`run`).
+
+use crate::{guarded, value_error};
+use leapfmm::campaign::{Campaign, CampaignOptions, is_campaign, run_campaign};
+use leapfmm::config::RunSpec;
+use leapfmm::ics::{ModelFile, generate};
+use leapfmm::io::snapshot::read_snapshot;
+use leapfmm::particles::Particles;
+use leapfmm::simulation::{RunOptions, RunOutcome, run as run_spec};
+use numpy::ndarray::{Array1, Array2};
+use numpy::{IntoPyArray, PyArray1, PyArray2};
+use pyo3::exceptions::PyKeyboardInterrupt;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use std::path::PathBuf;
+
+fn vectors<'py>(py: Python<'py>, v: &[[f64; 3]]) -> Bound<'py, PyArray2<f64>> {
+    let flat: Vec<f64> = v.iter().flatten().copied().collect();
+    Array2::from_shape_vec((v.len(), 3), flat)
+        .expect("rows of 3")
+        .into_pyarray(py)
+}
+
+/// The particles as a dict of numpy arrays: pos, vel, mass, id, component (0 halo, 1 disk,
+/// 2 bulge, 3 other), and acc/pot when `forces`.
+fn arrays<'py>(py: Python<'py>, p: &Particles, forces: bool) -> PyResult<Bound<'py, PyDict>> {
+    let d = PyDict::new(py);
+    d.set_item("pos", vectors(py, &p.pos))?;
+    d.set_item("vel", vectors(py, &p.vel))?;
+    d.set_item("mass", Array1::from(p.mass.clone()).into_pyarray(py))?;
+    d.set_item("id", Array1::from(p.id.clone()).into_pyarray(py))?;
+    let component: Vec<u8> = p.component.iter().map(|c| c.index() as u8).collect();
+    d.set_item("component", Array1::from(component).into_pyarray(py))?;
+    if forces {
+        d.set_item("acc", vectors(py, &p.acc))?;
+        d.set_item("pot", PyArray1::from_slice(py, &p.pot))?;
+    }
+    Ok(d)
+}
+
+/// Samples `n` particles of the model file `path` with `seed`, as `leapfmm ics` does (the
+/// model's units: kpc, km/s, 1e10 Msun).
+#[pyfunction]
+#[pyo3(signature = (path, n, seed))]
+pub(crate) fn ics<'py>(
+    py: Python<'py>,
+    path: PathBuf,
+    n: usize,
+    seed: u64,
+) -> PyResult<(Bound<'py, PyDict>, Vec<String>)> {
+    let (particles, warnings) = py.detach(|| {
+        guarded("leapfmm.ics", None, || {
+            let model = ModelFile::load(&path).map_err(value_error)?;
+            Ok(generate(&model, n, seed))
+        })
+    })?;
+    Ok((arrays(py, &particles, false)?, warnings))
+}
+
+/// Reads a snapshot (any GADGET-format HDF5 file, single- or multi-file): the particles,
+/// the time, and the units (cgs factors of length, mass and velocity, or "nbody").
+#[pyfunction]
+pub(crate) fn load<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, PyDict>> {
+    let data = py.detach(|| {
+        guarded("leapfmm.load", None, || {
+            read_snapshot(&path).map_err(value_error)
+        })
+    })?;
+    let d = arrays(py, &data.particles, false)?;
+    d.set_item("time", data.time)?;
+    match data.units {
+        Some(u) => {
+            let units = PyDict::new(py);
+            units.set_item("length_cm", u.length_cm)?;
+            units.set_item("mass_g", u.mass_g)?;
+            units.set_item("velocity_cm_per_s", u.velocity_cm_per_s)?;
+            d.set_item("units", units)?;
+        }
+        None if data.nbody => d.set_item("units", "nbody")?,
+        None => d.set_item("units", py.None())?,
+    }
+    Ok(d)
+}
+
+/// Runs (or, with `resume`, continues) the run or campaign of a TOML file, as `leapfmm run`
+/// does; returns a one-line summary of how it ended. A Ctrl-C stops it at a checkpoint and
+/// raises `KeyboardInterrupt`.
+#[pyfunction]
+#[pyo3(signature = (config, resume, quiet, ranks))]
+pub(crate) fn run(
+    py: Python<'_>,
+    config: PathBuf,
+    resume: bool,
+    quiet: bool,
+    ranks: usize,
+) -> PyResult<String> {
+    let text = leapfmm::files::read_regular_text(&config).unwrap_or_default();
+    let outcome = py.detach(|| {
+        guarded("leapfmm.run", None, || {
+            if is_campaign(&text) {
+                let campaign = Campaign::load(&config).map_err(value_error)?;
+                let options = CampaignOptions { quiet, ranks };
+                let (statuses, signal) = run_campaign(&campaign, &options).map_err(value_error)?;
+                let done = statuses.iter().filter(|s| s.complete()).count();
+                let line = format!(
+                    "campaign {}: {done} of {} runs complete",
+                    campaign.name,
+                    statuses.len()
+                );
+                return Ok((line, signal.is_some()));
+            }
+            let spec = RunSpec::load(&config).map_err(value_error)?;
+            let options = RunOptions {
+                resume,
+                quiet,
+                ranks,
+                group: None,
+            };
+            let outcome = run_spec(&spec, options).map_err(value_error)?;
+            let stopped = !matches!(
+                outcome,
+                RunOutcome::Finished { .. } | RunOutcome::AlreadyFinished { .. }
+            );
+            Ok((format!("{}: {outcome:?}", spec.run_dir.display()), stopped))
+        })
+    })?;
+    match outcome {
+        (line, true) => Err(PyKeyboardInterrupt::new_err(format!(
+            "{line} (stopped by a signal; run again with resume=True to continue)"
+        ))),
+        (line, false) => Ok(line),
+    }
+}
