@@ -8,7 +8,13 @@ Not part of the test suite. Needs Python 3 with numpy, h5py, fmm3dpy and pytreeg
     /tmp/peers/bin/python benches/peers.py --n 1000000
 
 Every code sees the same positions and masses (the disk-in-halo workload of `leapfmm bench`),
-pure Newtonian gravity (softening 0: FMM3D has none) and G = 1. Errors are measured against
+pure Newtonian gravity (softening 0: FMM3D has none) and G = 1.
+
+`--python` instead calls every code from Python, in this one process, on the same numpy
+arrays: leapfmm through its Python library (`pip install ./python` into the venv first),
+pytreegrav and fmm3dpy; and it measures the Python call's overhead over the Rust
+evaluation (`leapfmm.accelerations` against the evaluation time `leapfmm forces` reports
+for the same particles and settings, best of three each, alternated). Errors are measured against
 direct summation on the same random particles (computed here with numpy, in f64):
 median / p99 / max relative error of the acceleration and aggL2, as in docs/benchmarks.md.
 
@@ -77,10 +83,60 @@ def run_leapfmm(path, threads, order, theta, leaf, idx, repeat=2, accuracy=None)
     return secs, acc[idx] / g
 
 
+def in_process(pos, mass, path, idx, ref):
+    """Every code called from Python on the same arrays, and leapfmm's call overhead."""
+    import fmm3dpy
+    import leapfmm
+    import pytreegrav
+
+    rows = []
+
+    def timed(name, threads, f, repeat=3):
+        best, acc = float("inf"), None
+        for _ in range(repeat):
+            t = time.perf_counter()
+            acc = f()
+            best = min(best, time.perf_counter() - t)
+        rows.append((name, threads, best, errors(acc[idx], ref)))
+        return best
+
+    cores = os.cpu_count()
+    py_default = timed("leapfmm.accelerations (defaults: p=7 θ=0.75)", cores,
+                       lambda: leapfmm.accelerations(pos, mass, return_potential=False))
+    timed("leapfmm.accelerations(accuracy=1e-3)", cores,
+          lambda: leapfmm.accelerations(pos, mass, accuracy=1e-3, return_potential=False))
+    timed("leapfmm.accelerations(order=4, theta=0.8)", cores,
+          lambda: leapfmm.accelerations(pos, mass, order=4, theta=0.8, return_potential=False))
+    small = slice(0, 2000)
+    pytreegrav.Accel(pos[small], mass[small], theta=0.7, parallel=True)  # compiles
+    timed("pytreegrav.Accel(theta=0.7, parallel=True)", cores,
+          lambda: pytreegrav.Accel(pos, mass, theta=0.7, parallel=True))
+    src = np.ascontiguousarray(pos.T)
+    timed("fmm3dpy.lfmm3d(eps=1e-3)", 1,
+          lambda: 4.0 * np.pi * fmm3dpy.lfmm3d(eps=1e-3, sources=src, charges=mass, pg=2).grad.T, repeat=1)
+    print("| code and settings (called from Python) | threads | s/call | median | p99 | max | aggL2 |")
+    print("|---|---|---|---|---|---|---|")
+    for name, threads, secs, e in rows:
+        print(f"| {name} | {threads} | {secs:.3f} | {e['median']:.2e} | {e['p99']:.2e} | {e['max']:.2e} | {e['aggL2']:.2e} |")
+
+    # The overhead: the same evaluation (one, finding its caps, as a call does) from the
+    # command line, which reports the evaluation alone.
+    cli, py = [], []
+    for _ in range(3):
+        cli.append(run_leapfmm(path, 0, 7, 0.75, 128, idx, repeat=1)[0])
+        t = time.perf_counter()
+        leapfmm.accelerations(pos, mass)
+        py.append(time.perf_counter() - t)
+    print(f"\nPython call overhead at N = {len(pos)}: leapfmm.accelerations {min(py):.3f} s against "
+          f"the evaluation in `leapfmm forces` {min(cli):.3f} s: {100 * (min(py) / min(cli) - 1):+.1f} % "
+          f"(best of three each; the first table's default row: {py_default:.3f} s)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1_000_000)
     ap.add_argument("--compare", type=int, default=1000, help="particles compared with direct summation")
+    ap.add_argument("--python", action="store_true", help="call every code from Python in this process")
     args = ap.parse_args()
     if not os.path.exists(LEAPFMM):
         sys.exit("build leapfmm first: cargo build --release")
@@ -100,6 +156,9 @@ def main():
     ref = direct(pos, mass, idx)
     print(f"N = {n}, disk-in-halo, G = 1, Newtonian; direct reference on {len(idx)} particles in "
           f"{time.perf_counter() - t:.1f} s; machine threads: {os.cpu_count()}")
+    if args.python:
+        in_process(pos, mass, path, idx, ref)
+        return
     rows = []
 
     # fmm3dpy, one thread (the wheel is single-threaded); kernel 1/(4 pi r).
