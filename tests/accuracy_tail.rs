@@ -28,11 +28,16 @@ fn errors(w: Workload, accuracy: f64) -> AccuracyStats {
 
 /// `errors` at `n` particles.
 fn errors_at(w: Workload, n: usize, accuracy: f64) -> AccuracyStats {
-    let p = w.particles(n, 1);
     let softening = Softening {
         kernel: SofteningKernel::Spline,
         epsilon: w.softening(n),
     };
+    errors_with(w, n, accuracy, softening)
+}
+
+/// `errors_at` with another softening.
+fn errors_with(w: Workload, n: usize, accuracy: f64, softening: Softening) -> AccuracyStats {
+    let p = w.particles(n, 1);
     let settings = FmmSettings {
         accuracy,
         order: default_order(accuracy),
@@ -52,8 +57,13 @@ fn errors_at(w: Workload, n: usize, accuracy: f64) -> AccuracyStats {
 
 /// Asserts the accuracy's bounds on `w` at each accuracy.
 fn honours_the_accuracy(w: Workload) {
+    honours_the_accuracy_with(w, |accuracy| errors(w, accuracy));
+}
+
+/// Asserts the accuracy's bounds on the errors `at` each accuracy gives.
+fn honours_the_accuracy_with(w: Workload, at: impl Fn(f64) -> AccuracyStats) {
     for accuracy in [1e-3, 1e-4, 1e-5] {
-        let e = errors(w, accuracy);
+        let e = at(accuracy);
         let case = format!("{} at accuracy {accuracy:.0e}: {e:?}", w.name());
         assert!(e.count >= RANDOM, "{case}");
         assert!(e.p99 <= accuracy, "p99 above the accuracy, {case}");
@@ -101,6 +111,21 @@ fn one_tight_clump() {
 /// At 1e5 particles too (issue 42 asks for 1e4, 1e5 and 1e6; 1e6 is in docs/benchmarks.md),
 /// at the accuracy a user is most likely to ask for. (At 1e-5 the two galaxies' p99 comes
 /// out at 1.1e-5 at 1e5, just over: the open part of issue 42.)
+/// Plummer softening: a far pair taken as Newtonian is up to 1.5 (ε/s)² too strong, always
+/// in the same sense, which the criterion bounds too (`Mac::bias`). Without that term, at
+/// ε = 0.02 (ten times the workload's) p99 was 3.9e-4 at accuracy 1e-4 (measured at 2e4).
+#[test]
+fn plummer_softening_honours_the_accuracy_too() {
+    let w = Workload::Plummer;
+    honours_the_accuracy_with(w, |accuracy| {
+        let softening = Softening {
+            kernel: SofteningKernel::Plummer,
+            epsilon: 10.0 * w.softening(N),
+        };
+        errors_with(w, N, accuracy, softening)
+    });
+}
+
 #[test]
 fn the_whole_set_at_1e5_particles_holds_1e_3() {
     let accuracy = 1e-3;
