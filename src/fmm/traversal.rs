@@ -124,7 +124,11 @@ impl Mac {
         let scale = power / gap2;
         // The Plummer bias has one sign for every far pair (the Newtonian force is the
         // stronger): it adds up coherently, so it always gets the mass share.
-        let bias = self.bias / (gap2 * gap2);
+        let bias = if self.bias > 0.0 {
+            self.bias / (gap2 * gap2)
+        } else {
+            0.0
+        };
         let near = NEAR_FRACTION * NEAR_FRACTION * self.g_total;
         let within = |target: &Cell, source: &Cell| {
             if target.accel <= 0.0 {
