@@ -45,6 +45,18 @@ def surface_density(pos, mass, edges):
     return m * 1e10 / area_pc2
 
 
+def plot(path, draw, x, before, after, myr, **labels):
+    """One figure: a profile at t = 0 and after `myr`, drawn by `draw` (plt.plot or
+    plt.semilogy), saved at `path`."""
+    plt.figure(figsize=(5, 3.5))
+    draw(x, before, label="t = 0")
+    draw(x, after, "--", label=f"t = {myr:.0f} Myr")
+    plt.gca().set(**labels)
+    plt.legend()
+    plt.tight_layout()
+    plt.savefig(path, dpi=120)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=20000, help="particles (default 20000)")
@@ -79,22 +91,11 @@ def main():
     k = np.searchsorted(radii, 8.0)
     print(f"v_c(8 kpc): {before_v[k]:.1f} km/s at t = 0, {after_v[k]:.1f} km/s after")
 
-    fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(radii, before_v, label="t = 0")
-    ax.plot(radii, after_v, "--", label=f"t = {args.myr:.0f} Myr")
-    ax.set(xlabel="R [kpc]", ylabel="v_c [km/s]", title="Small disk: rotation curve")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "rotation_curve.png", dpi=120)
-
-    fig, ax = plt.subplots(figsize=(5, 3.5))
+    plot(out / "rotation_curve.png", plt.plot, radii, before_v, after_v, args.myr,
+         xlabel="R [kpc]", ylabel="v_c [km/s]", title="Small disk: rotation curve")
     mid = 0.5 * (edges[1:] + edges[:-1])
-    ax.semilogy(mid, before_s, label="t = 0")
-    ax.semilogy(mid, after_s, "--", label=f"t = {args.myr:.0f} Myr")
-    ax.set(xlabel="R [kpc]", ylabel="Σ [Msun/pc²]", title="Small disk: surface density")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(out / "surface_density.png", dpi=120)
+    plot(out / "surface_density.png", plt.semilogy, mid, before_s, after_s, args.myr,
+         xlabel="R [kpc]", ylabel="Σ [Msun/pc²]", title="Small disk: surface density")
     if matplotlib.get_backend().lower() != "agg":
         plt.show()
 

@@ -1,6 +1,7 @@
 //! Files from Python: initial conditions from a model file (`ics`), snapshots read back
 //! (`load`), and whole TOML runs and campaigns (`run`).
 
+use crate::forces::vectors;
 use crate::{guarded, value_error};
 use leapfmm::campaign::{Campaign, CampaignOptions, is_campaign, run_campaign};
 use leapfmm::config::RunSpec;
@@ -8,19 +9,12 @@ use leapfmm::ics::{ModelFile, generate};
 use leapfmm::io::snapshot::read_snapshot;
 use leapfmm::particles::Particles;
 use leapfmm::simulation::{RunOptions, RunOutcome, run as run_spec};
-use numpy::ndarray::{Array1, Array2};
-use numpy::{IntoPyArray, PyArray1, PyArray2};
+use numpy::ndarray::Array1;
+use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::PyKeyboardInterrupt;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 use std::path::PathBuf;
-
-fn vectors<'py>(py: Python<'py>, v: &[[f64; 3]]) -> Bound<'py, PyArray2<f64>> {
-    let flat: Vec<f64> = v.iter().flatten().copied().collect();
-    Array2::from_shape_vec((v.len(), 3), flat)
-        .expect("rows of 3")
-        .into_pyarray(py)
-}
 
 /// The particles as a dict of numpy arrays: pos, vel, mass, id, component (0 halo, 1 disk,
 /// 2 bulge, 3 other), and acc/pot when `forces`.

@@ -45,12 +45,43 @@ pub(crate) fn kernel_of(kernel: &str) -> PyResult<SofteningKernel> {
     }
 }
 
+/// The particles and points of one force call: slices of the caller's arrays.
+struct Field<'a> {
+    pos: &'a [[f64; 3]],
+    mass: &'a [f64],
+    /// Each particle's softening length, when they have their own.
+    each: Option<&'a [f64]>,
+    /// The points the field is wanted at, when not the particles.
+    at: Option<&'a [[f64; 3]]>,
+}
+
+impl<'a> Field<'a> {
+    fn of(
+        pos: &'a PyReadonlyArray2<'_, f64>,
+        mass: &'a PyReadonlyArray1<'_, f64>,
+        each: &'a Option<PyReadonlyArray1<'_, f64>>,
+        at: &'a Option<PyReadonlyArray2<'_, f64>>,
+    ) -> PyResult<Self> {
+        Ok(Field {
+            pos: rows(pos, "pos")?,
+            mass: values(mass, "mass")?,
+            each: each.as_ref().map(|e| values(e, "softening")).transpose()?,
+            at: at.as_ref().map(|t| rows(t, "targets")).transpose()?,
+        })
+    }
+}
+
+/// (n, 3) values as a numpy array.
+pub(crate) fn vectors<'py>(py: Python<'py>, v: &[[f64; 3]]) -> Bound<'py, PyArray2<f64>> {
+    let flat: Vec<f64> = v.iter().flatten().copied().collect();
+    Array2::from_shape_vec((v.len(), 3), flat)
+        .expect("n rows of 3 values")
+        .into_pyarray(py)
+}
+
 /// Accelerations and potentials as numpy arrays.
 pub(crate) fn to_numpy<'py>(py: Python<'py>, acc: Vec<[f64; 3]>, pot: Vec<f64>) -> Forces<'py> {
-    let n = acc.len();
-    let flat: Vec<f64> = acc.into_iter().flatten().collect();
-    let acc = Array2::from_shape_vec((n, 3), flat).expect("n rows of 3 values");
-    (acc.into_pyarray(py), Array1::from(pot).into_pyarray(py))
+    (vectors(py, &acc), Array1::from(pot).into_pyarray(py))
 }
 
 /// FMM accelerations and potentials of the particles (`targets`: at those points instead,
@@ -73,13 +104,12 @@ pub(crate) fn fmm<'py>(
     threads: Option<usize>,
     targets: Option<PyReadonlyArray2<'py, f64>>,
 ) -> PyResult<Forces<'py>> {
-    let pos = rows(&pos, "pos")?;
-    let mass = values(&mass, "mass")?;
-    let each = softening_each
-        .as_ref()
-        .map(|e| values(e, "softening"))
-        .transpose()?;
-    let at = targets.as_ref().map(|t| rows(t, "targets")).transpose()?;
+    let Field {
+        pos,
+        mass,
+        each,
+        at,
+    } = Field::of(&pos, &mass, &softening_each, &targets)?;
     let kernel = kernel_of(kernel)?;
     let (acc, pot) = py.detach(|| {
         guarded("leapfmm.accelerations", threads, || {
@@ -152,13 +182,12 @@ pub(crate) fn direct<'py>(
     threads: Option<usize>,
     targets: Option<PyReadonlyArray2<'py, f64>>,
 ) -> PyResult<Forces<'py>> {
-    let pos = rows(&pos, "pos")?;
-    let mass = values(&mass, "mass")?;
-    let each = softening_each
-        .as_ref()
-        .map(|e| values(e, "softening"))
-        .transpose()?;
-    let at = targets.as_ref().map(|t| rows(t, "targets")).transpose()?;
+    let Field {
+        pos,
+        mass,
+        each,
+        at,
+    } = Field::of(&pos, &mass, &softening_each, &targets)?;
     let kernel = kernel_of(kernel)?;
     let (acc, pot) = py.detach(|| {
         guarded("leapfmm.direct", threads, || {

@@ -3,7 +3,7 @@
 //! solver whose caps carry over from step to step as in a run, energy diagnostics, HDF5
 //! snapshots and bit-exact checkpoints.
 
-use crate::forces::{Forces, kernel_of, rows, to_numpy, values};
+use crate::forces::{Forces, kernel_of, rows, to_numpy, values, vectors};
 use crate::{guarded, value_error};
 use leapfmm::config::Precision;
 use leapfmm::fmm::solver::{Evaluation, FmmSettings, FmmSolver, default_order, magnitudes};
@@ -15,7 +15,7 @@ use leapfmm::io::checkpoint;
 use leapfmm::io::snapshot::{SnapshotInfo, write_snapshot};
 use leapfmm::particles::{Component, Particles};
 use leapfmm::units::UnitSystem;
-use numpy::ndarray::{Array1, Array2};
+use numpy::ndarray::Array1;
 use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2};
 use pyo3::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -155,13 +155,6 @@ impl Simulation {
             py.check_signals()?;
         }
     }
-
-    fn vectors<'py>(py: Python<'py>, v: &[[f64; 3]]) -> Bound<'py, PyArray2<f64>> {
-        let flat: Vec<f64> = v.iter().flatten().copied().collect();
-        Array2::from_shape_vec((v.len(), 3), flat)
-            .expect("rows of 3")
-            .into_pyarray(py)
-    }
 }
 
 #[pymethods]
@@ -263,13 +256,13 @@ impl Simulation {
     /// Positions (a copy).
     #[getter]
     fn positions<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray2<f64>> {
-        Self::vectors(py, &self.particles.pos)
+        vectors(py, &self.particles.pos)
     }
 
     /// Velocities (a copy).
     #[getter]
     fn velocities<'py>(&self, py: Python<'py>) -> Bound<'py, PyArray2<f64>> {
-        Self::vectors(py, &self.particles.vel)
+        vectors(py, &self.particles.vel)
     }
 
     /// Accelerations and potentials of the current positions (copies).

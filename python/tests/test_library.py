@@ -38,9 +38,10 @@ def test_the_gil_is_released_during_an_evaluation_of_a_million():
     done.set()
     t.join()
     during = [x for x in ticks if start < x < end]
-    # Ticks every ~10 ms all through the evaluation (held GIL: none between start and end).
+    # Ticks every ~10 ms all through the evaluation (a held GIL: none between start and
+    # end); a quarter of them leaves room for a busy machine's scheduling.
     assert end - start > 0.2
-    assert len(during) >= 0.5 * (end - start) / 0.01, (len(during), end - start)
+    assert len(during) >= 0.25 * (end - start) / 0.01, (len(during), end - start)
 
 
 def test_no_memory_growth_over_a_thousand_calls():
