@@ -48,7 +48,7 @@ test-readers: build
 test-python: build
 	@rm -rf .python-venv
 	@python3 -m venv .python-venv 2>/dev/null || { scripts/install-deps.sh venv && python3 -m venv .python-venv; }
-	@.python-venv/bin/pip install -q --disable-pip-version-check pytest h5py matplotlib 'cmake>=3.26'
+	@.python-venv/bin/pip install -q --disable-pip-version-check pytest h5py matplotlib tqdm 'cmake>=3.26'
 	$(CARGO) fmt --check --manifest-path python/Cargo.toml
 	PATH="$(CURDIR)/.python-venv/bin:$$PATH" CARGO_TARGET_DIR=$(CURDIR)/target/python \
 		$(CARGO) clippy --release --manifest-path python/Cargo.toml -- -D warnings

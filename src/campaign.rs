@@ -16,7 +16,7 @@
 use crate::config::{ConfigError, RunSpec, SourceText, location_of};
 use crate::ics::ModelFile;
 use crate::progress::CampaignProgress as Progress;
-use crate::simulation::{self, RunOptions, RunOutcome};
+use crate::simulation::{self, RunOptions, RunOutcome, StopRequest};
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
@@ -680,6 +680,8 @@ pub struct CampaignOptions {
     pub quiet: bool,
     /// Thread ranks per run.
     pub ranks: usize,
+    /// A library caller's stop request (`RunOptions::stop`), passed to every run.
+    pub stop: Option<StopRequest>,
 }
 
 /// Runs the campaign's valid runs in order — each one continued from its checkpoints,
@@ -715,6 +717,7 @@ pub fn run_campaign(
                 quiet: options.quiet,
                 ranks: options.ranks,
                 group: Some(group.clone()),
+                stop: options.stop.clone(),
             },
         );
         statuses[k] = match outcome {

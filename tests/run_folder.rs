@@ -455,3 +455,48 @@ fn a_closed_pipe_does_not_kill_a_run() {
         "the run went on to its end"
     );
 }
+
+/// A library caller (the Python module) stops a run with `RunOptions::stop` instead of a
+/// signal: no handlers are installed, the run ends its step with a checkpoint of the stop,
+/// and a resume finishes it.
+#[test]
+fn a_stop_requested_by_the_caller_ends_in_a_checkpoint_and_resumes() {
+    use leapfmm::config::RunSpec;
+    use leapfmm::simulation::{RunOptions, RunOutcome, StopRequest, run as run_spec};
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(dir.path(), "stopped");
+    let runs = dir.path().join("runs");
+    let text = fs::read_to_string(&cfg).unwrap().replace(
+        "output_dir = \"runs\"",
+        &format!("output_dir = \"{}\"", runs.display()),
+    );
+    fs::write(&cfg, text).unwrap();
+    let spec = RunSpec::load(&cfg).unwrap();
+    let stop = StopRequest::new();
+    stop.request();
+    let options = RunOptions {
+        quiet: true,
+        resume: true,
+        stop: Some(stop),
+        ..RunOptions::default()
+    };
+    match run_spec(&spec, options.clone()).unwrap() {
+        RunOutcome::Interrupted { signal, time, .. } => {
+            assert_eq!(signal, 2);
+            assert!(
+                time > 0.0 && time < 0.5,
+                "stopped after its first step: {time}"
+            );
+        }
+        other => panic!("not stopped: {other:?}"),
+    }
+    assert!(checkpoint_steps(dir.path(), "stopped").contains(&1));
+    let options = RunOptions {
+        stop: Some(StopRequest::new()),
+        ..options
+    };
+    assert!(matches!(
+        run_spec(&spec, options).unwrap(),
+        RunOutcome::Finished { steps: 10, .. }
+    ));
+}

@@ -21,9 +21,12 @@ Example::
 
 from __future__ import annotations
 
+import csv
 import math
 import numbers
 import os
+import sys
+import threading
 from typing import Optional, Tuple, Union
 
 import numpy as np
@@ -414,11 +417,109 @@ def _read_only(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def run(config: Union[str, os.PathLike], *, resume: bool = True, quiet: bool = False, ranks: int = 1) -> str:
+def run(
+    config: Union[str, os.PathLike],
+    *,
+    resume: bool = True,
+    quiet: bool = False,
+    ranks: int = 1,
+    progress: Optional[bool] = None,
+) -> str:
     """Run (or continue, with ``resume``) the run or campaign of a TOML file, exactly as
-    ``leapfmm run CONFIG --resume`` does; returns a one-line summary. Ctrl-C stops it at a
-    checkpoint and raises ``KeyboardInterrupt``; call again to continue."""
-    return _native.run(os.fspath(config), bool(resume), bool(quiet), _count("ranks", ranks, high=1024))
+    ``leapfmm run CONFIG --resume`` does; returns a one-line summary. Ctrl-C (or any
+    KeyboardInterrupt) stops it after its current step with a checkpoint and then raises
+    ``KeyboardInterrupt``; call again to continue.
+
+    Progress: on a terminal, the command line's bars; elsewhere (a notebook) a tqdm bar of
+    the simulated time (of the runs done, for a campaign) when tqdm is installed. ``progress``
+    True or False forces the tqdm bar on or off."""
+    path = os.fspath(config)
+    ranks = _count("ranks", ranks, high=1024)
+    want_bar = progress if progress is not None else not quiet and not _on_terminal()
+    bar = _progress_bar(path) if want_bar else None
+    quiet = bool(quiet) or bar is not None
+    return _run_on_worker(path, bool(resume), quiet, ranks, bar)
+
+
+def _on_terminal() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _progress_bar(path):
+    """(tqdm bar, a function giving the progress so far) for the run of ``path``, or None
+    without tqdm."""
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:
+        return None
+    kind, folder, total = _native.run_plan(path)
+    if kind == "campaign":
+        bar = tqdm(total=int(total), desc=os.path.basename(folder), unit="run")
+
+        def done():
+            # summary.csv is rewritten after every run: the runs with a status so far.
+            try:
+                with open(os.path.join(folder, "summary.csv"), newline="") as f:
+                    return sum(1 for row in csv.DictReader(f) if row.get("status") != "not run")
+            except (OSError, csv.Error):
+                return 0
+
+        return bar, done
+    bar = tqdm(total=total, desc=os.path.basename(folder), unit="time unit",
+               bar_format="{l_bar}{bar}| t = {n:.4g} of {total:.4g} [{elapsed}<{remaining}]")
+
+    def time_reached():
+        try:
+            with open(os.path.join(folder, "diagnostics.csv"), "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - 4096))
+                last = f.read().splitlines()[-1].decode()
+            return float(last.split(",")[1])
+        except (OSError, IndexError, ValueError):
+            return 0.0
+
+    return bar, time_reached
+
+
+def _run_on_worker(path, resume, quiet, ranks, bar):
+    """``_native.run`` on a worker thread (it releases the GIL) while this one waits, moves
+    the bar (``(tqdm bar, progress so far)`` or None) and turns a KeyboardInterrupt into a
+    stop request: the run ends its step and writes a checkpoint before this returns."""
+    outcome = {}
+    stop = _native.RunStop()
+    # An Event, not Thread.join: a join that a KeyboardInterrupt breaks can leave the
+    # thread looking finished while it runs.
+    done = threading.Event()
+
+    def work():
+        try:
+            outcome["line"] = _native.run(path, resume, quiet, ranks, stop)
+        except BaseException as e:  # handed to the caller's thread below
+            outcome["error"] = e
+        finally:
+            done.set()
+
+    worker = threading.Thread(target=work, name="leapfmm.run", daemon=True)
+    worker.start()
+    try:
+        while not done.is_set():
+            try:
+                done.wait(0.25)
+                if bar is not None:
+                    bar[0].n = bar[1]()
+                    bar[0].refresh()
+            except KeyboardInterrupt:
+                stop.request()
+    finally:
+        if bar is not None:
+            bar[0].n = bar[1]()
+            bar[0].close()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["line"]
 
 
 def ics(model: Union[str, os.PathLike], *, n: int, seed: int = 0) -> dict:

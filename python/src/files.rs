@@ -8,7 +8,7 @@ use leapfmm::config::RunSpec;
 use leapfmm::ics::{ModelFile, generate};
 use leapfmm::io::snapshot::read_snapshot;
 use leapfmm::particles::Particles;
-use leapfmm::simulation::{RunOptions, RunOutcome, run as run_spec};
+use leapfmm::simulation::{RunOptions, RunOutcome, StopRequest, run as run_spec};
 use numpy::ndarray::Array1;
 use numpy::{IntoPyArray, PyArray1};
 use pyo3::exceptions::PyKeyboardInterrupt;
@@ -77,24 +77,63 @@ pub(crate) fn load<'py>(py: Python<'py>, path: PathBuf) -> PyResult<Bound<'py, P
     Ok(d)
 }
 
-/// Runs (or, with `resume`, continues) the run or campaign of a TOML file, as `leapfmm run`
-/// does; returns a one-line summary of how it ended. A Ctrl-C stops it at a checkpoint and
-/// raises `KeyboardInterrupt`.
+/// What `run` will run: ("run", its run folder, its end time) or ("campaign", its folder,
+/// the number of runs).
 #[pyfunction]
-#[pyo3(signature = (config, resume, quiet, ranks))]
+pub(crate) fn run_plan(config: PathBuf) -> PyResult<(String, PathBuf, f64)> {
+    let text = leapfmm::files::read_regular_text(&config).unwrap_or_default();
+    if is_campaign(&text) {
+        let campaign = Campaign::load(&config).map_err(value_error)?;
+        return Ok(("campaign".into(), campaign.dir, campaign.runs.len() as f64));
+    }
+    let spec = RunSpec::load(&config).map_err(value_error)?;
+    Ok(("run".into(), spec.run_dir, spec.config.integrator.t_end))
+}
+
+/// A stop the Python caller requests for a run in progress (on another thread): the run
+/// finishes its step, writes a checkpoint and returns. Runs started from Python install no
+/// signal handlers of their own (a second Ctrl-C would otherwise end the interpreter).
+#[pyclass(module = "leapfmm._native")]
+#[derive(Default)]
+pub(crate) struct RunStop(StopRequest);
+
+#[pymethods]
+impl RunStop {
+    #[new]
+    fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks the run to stop after its current step.
+    fn request(&self) {
+        self.0.request();
+    }
+}
+
+/// Runs (or, with `resume`, continues) the run or campaign of a TOML file, as `leapfmm run`
+/// does; returns a one-line summary of how it ended, or raises `KeyboardInterrupt` when
+/// `stop` stopped it (at a checkpoint).
+#[pyfunction]
+#[pyo3(signature = (config, resume, quiet, ranks, stop))]
 pub(crate) fn run(
     py: Python<'_>,
     config: PathBuf,
     resume: bool,
     quiet: bool,
     ranks: usize,
+    stop: PyRef<'_, RunStop>,
 ) -> PyResult<String> {
+    let stop = stop.0.clone();
     let text = leapfmm::files::read_regular_text(&config).unwrap_or_default();
     let outcome = py.detach(|| {
         guarded("leapfmm.run", None, || {
             if is_campaign(&text) {
                 let campaign = Campaign::load(&config).map_err(value_error)?;
-                let options = CampaignOptions { quiet, ranks };
+                let options = CampaignOptions {
+                    quiet,
+                    ranks,
+                    stop: Some(stop),
+                };
                 let (statuses, signal) = run_campaign(&campaign, &options).map_err(value_error)?;
                 let done = statuses.iter().filter(|s| s.complete()).count();
                 let line = format!(
@@ -110,6 +149,7 @@ pub(crate) fn run(
                 quiet,
                 ranks,
                 group: None,
+                stop: Some(stop),
             };
             let outcome = run_spec(&spec, options).map_err(value_error)?;
             let stopped = !matches!(

@@ -59,8 +59,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(files::ics, m)?)?;
     m.add_function(wrap_pyfunction!(files::load, m)?)?;
     m.add_function(wrap_pyfunction!(files::run, m)?)?;
+    m.add_function(wrap_pyfunction!(files::run_plan, m)?)?;
     m.add_function(wrap_pyfunction!(_panic_for_tests, m)?)?;
     m.add_class::<stepping::Simulation>()?;
+    m.add_class::<files::RunStop>()?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -13,6 +13,30 @@ import leapfmm
 from conftest import ROOT
 
 
+# A run of 10 steps of 3 000 particles.
+TINY = """name = "{name}"
+output_dir = "{out}"
+seed = 1
+units = "galactic"
+
+[ics]
+model = "{model}"
+n = 3000
+
+[gravity]
+softening = 0.05
+
+[integrator]
+t_end = 0.01
+dt_max = 0.001
+fixed_step = true
+
+[output]
+snapshot_interval = 0.005
+checkpoint_interval = 0.01
+"""
+
+
 def _rss_mb():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096 / 1e6
@@ -74,29 +98,7 @@ def test_ics_are_the_command_lines_model(tmp_path):
 
 def test_run_runs_a_toml_config_and_resumes(tmp_path):
     config = tmp_path / "tiny.toml"
-    config.write_text(
-        f"""name = "tiny"
-output_dir = "{tmp_path}"
-seed = 1
-units = "galactic"
-
-[ics]
-model = "{ROOT / 'ics' / 'small_disk.toml'}"
-n = 3000
-
-[gravity]
-softening = 0.05
-
-[integrator]
-t_end = 0.01
-dt_max = 0.001
-fixed_step = true
-
-[output]
-snapshot_interval = 0.005
-checkpoint_interval = 0.01
-"""
-    )
+    config.write_text(TINY.format(name="tiny", out=tmp_path, model=ROOT / "ics" / "small_disk.toml"))
     line = leapfmm.run(config, quiet=True)
     assert "Finished" in line
     snaps = sorted((tmp_path / "tiny" / "snapshots").glob("snap_*.hdf5"))
@@ -106,8 +108,35 @@ checkpoint_interval = 0.01
     assert "AlreadyFinished" in leapfmm.run(config, quiet=True)
 
 
+def test_run_shows_a_tqdm_bar_off_a_terminal(tmp_path, capsys):
+    config = tmp_path / "bar.toml"
+    config.write_text(TINY.format(name="bar", out=tmp_path, model=ROOT / "ics" / "small_disk.toml"))
+    line = leapfmm.run(config, progress=True)
+    assert "Finished" in line
+    err = capsys.readouterr().err
+    # The bar ends at the run's end time (0.01), full.
+    assert "100%" in err and "t = 0.01 of 0.01" in err, err[-300:]
+
+
 def test_the_package_has_stubs_and_docstrings():
     pkg = pathlib.Path(leapfmm.__file__).parent
     assert (pkg / "py.typed").is_file() and (pkg / "_native.pyi").is_file()
     for f in (leapfmm.accelerations, leapfmm.direct, leapfmm.run, leapfmm.ics, leapfmm.load, leapfmm.Simulation):
         assert f.__doc__ and len(f.__doc__) > 60, f
+
+
+def test_ctrl_c_stops_a_run_at_a_checkpoint_and_it_resumes(tmp_path):
+    import _thread
+
+    config = tmp_path / "long.toml"
+    text = TINY.format(name="long", out=tmp_path, model=ROOT / "ics" / "small_disk.toml")
+    config.write_text(text.replace("t_end = 0.01", "t_end = 0.5"))
+    threading.Timer(1.0, _thread.interrupt_main).start()
+    with pytest.raises(KeyboardInterrupt, match="Interrupted"):
+        leapfmm.run(config, quiet=True)
+    checkpoints = list((tmp_path / "long" / "checkpoints").glob("*.ckpt"))
+    assert checkpoints, "the stop writes a checkpoint"
+    # The interpreter is still here (no handler of the run's ended it), and the run goes on.
+    assert "Finished" in leapfmm.run(config, quiet=True)
+    last = leapfmm.load(sorted((tmp_path / "long" / "snapshots").glob("snap_*.hdf5"))[-1])
+    assert last["time"] == pytest.approx(0.5)

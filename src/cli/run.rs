@@ -56,6 +56,7 @@ pub fn execute(args: RunArgs, #[cfg(feature = "mpi")] mpi: Option<&MpiRank>) -> 
         quiet: args.quiet,
         ranks: args.ranks as usize,
         group: None,
+        stop: None,
     };
     #[cfg(feature = "mpi")]
     if let Some(comm) = mpi {
@@ -104,6 +105,7 @@ fn campaign(args: &RunArgs) -> Result<ExitCode> {
     let options = CampaignOptions {
         quiet: args.quiet,
         ranks: args.ranks as usize,
+        stop: None,
     };
     let (statuses, signal) = run_campaign(&campaign, &options)?;
     let count = |w: &str| statuses.iter().filter(|s| s.word() == w).count();

@@ -37,7 +37,7 @@ pub use options::{RunOptions, RunOutcome};
 pub use resume::{parse_stored_config, verify_checkpoint};
 pub use setup::{choose_backend, component_softening, make_solver};
 use signals::SignalGuard;
-pub use signals::{EXIT_ABORTED, EXIT_STOPPED};
+pub use signals::{EXIT_ABORTED, EXIT_STOPPED, StopRequest};
 use state::Simulation;
 
 use crate::config::{IcSource, RunSpec};
@@ -57,7 +57,7 @@ pub fn run(spec: &RunSpec, options: RunOptions) -> Result<RunOutcome, RunError> 
     if ranks == 1 {
         return run_with(spec, options, SingleRank);
     }
-    let signals = SignalGuard::install()?;
+    let signals = SignalGuard::for_run(options.stop.as_ref())?;
     let backend = choose_backend(spec, ranks)?;
     check_memory(spec, ranks, ranks, &backend)?;
     let threads = (rayon::current_num_threads() / ranks).max(1);
@@ -83,7 +83,7 @@ pub fn run_with<C: Communicator + Clone + 'static>(
     options: RunOptions,
     comm: C,
 ) -> Result<RunOutcome, RunError> {
-    let signals = SignalGuard::install()?;
+    let signals = SignalGuard::for_run(options.stop.as_ref())?;
     let backend = choose_backend(spec, 1)?;
     // One process per rank (MPI): this machine holds the ranks the launcher put on it.
     let local = [
@@ -333,6 +333,7 @@ mod tests {
             quiet: true,
             ranks: 1,
             group: None,
+            stop: None,
         };
         let signals = SignalGuard::install().unwrap();
         run_rank(&spec, options, &SingleRank, solver, &backend, &signals).unwrap();

@@ -1,5 +1,6 @@
 //! What a caller asks of a run (`RunOptions`) and how it ended (`RunOutcome`).
 
+use super::signals::StopRequest;
 use std::path::PathBuf;
 /// How `run` was asked to behave.
 #[derive(Debug, Clone, Default)]
@@ -12,6 +13,9 @@ pub struct RunOptions {
     pub ranks: usize,
     /// Progress bars shown together (a campaign's): the run's bar joins them.
     pub group: Option<indicatif::MultiProgress>,
+    /// A library caller's way to stop the run (instead of SIGINT/SIGTERM handlers, which
+    /// are not installed then).
+    pub stop: Option<StopRequest>,
 }
 
 /// How a run ended without error.

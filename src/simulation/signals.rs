@@ -24,7 +24,39 @@ pub(super) struct SignalGuard {
     pub(super) ids: Vec<signal_hook::SigId>,
 }
 
+/// A stop a library caller requests instead of a signal (`RunOptions::stop`): the run
+/// installs no signal handlers of its own and stops after its current step with a
+/// checkpoint once `request` is called, as after a first SIGINT.
+#[derive(Debug, Clone, Default)]
+pub struct StopRequest(Arc<AtomicUsize>);
+
+impl StopRequest {
+    /// A request not made yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Asks the run to stop after its current step (reported as signal 2, SIGINT).
+    pub fn request(&self) {
+        self.0
+            .store(signal_hook::consts::SIGINT as usize, Ordering::SeqCst);
+    }
+}
+
 impl SignalGuard {
+    /// The run's stop mechanism: the caller's `stop` request when given, else handlers
+    /// for SIGINT and SIGTERM.
+    pub(super) fn for_run(stop: Option<&StopRequest>) -> Result<Self, RunError> {
+        match stop {
+            Some(stop) => Ok(SignalGuard {
+                received: Arc::clone(&stop.0),
+                preparing: Arc::new(AtomicBool::new(true)),
+                ids: Vec::new(),
+            }),
+            None => Self::install(),
+        }
+    }
+
     pub(super) fn install() -> Result<Self, RunError> {
         use signal_hook::consts::{SIGINT, SIGTERM};
         let received = Arc::new(AtomicUsize::new(0));
