@@ -7,7 +7,7 @@
 //! step, to a longer one only where that rung is synchronised (`rung_for`); since every rung
 //! divides `dt_max`, every multiple of `dt_max` (every output time) ends a cycle.
 
-use super::timestep::{Timeline, TimestepError};
+use super::timestep::{TICKS_PER_DT_MAX, Timeline, TimestepError};
 use rayon::prelude::*;
 
 /// The rung a particle takes when its step ends at tick `ti`: the longest step no longer than
@@ -226,6 +226,119 @@ impl Rungs {
         }
         h
     }
+}
+
+/// What one block cycle (`cycle`) asks of whoever keeps the particles: one rank of a run
+/// (on the host or a device; its collectives make every rank agree) or a Python simulation
+/// (one rank, its collectives the identity).
+pub trait BlockKeeper {
+    /// Its error (a rung too deep among them).
+    type Error: From<TimestepError>;
+    /// Particles on this rank.
+    fn own_particles(&self) -> usize;
+    /// The step each particle's acceleration asks for (of `rows`, or of all).
+    fn wanted_steps(&mut self, rows: Option<&[u32]>) -> Result<Vec<f64>, Self::Error>;
+    /// `v += a h[k]` for the k-th particle of `rows` (of all without them).
+    fn kick_each(&mut self, rows: Option<&[u32]>, h: &[f64]) -> Result<(), Self::Error>;
+    /// `x += v h` for every particle.
+    fn drift(&mut self, h: f64) -> Result<(), Self::Error>;
+    /// Forces at simulation time `time` on the particles of `rows`, their accelerations
+    /// then readable by `wanted_steps`.
+    fn forces_of(&mut self, rows: &[u32], time: f64) -> Result<(), Self::Error>;
+    /// Forces on every particle at `time` (a cycle's end), which may move particles between
+    /// ranks: `rung` (one per particle) travels with them and comes back in their new order.
+    fn forces_of_all(&mut self, rung: Vec<u8>, time: f64) -> Result<Vec<u8>, Self::Error>;
+    /// The smallest of every rank's `tick`.
+    fn earliest(&mut self, tick: u64) -> Result<u64, Self::Error>;
+    /// Every rank's `values` added up.
+    fn sum(&mut self, values: &[u64]) -> Result<Vec<u64>, Self::Error>;
+    /// The largest of every rank's `value`.
+    fn largest(&mut self, value: f64) -> Result<f64, Self::Error>;
+}
+
+/// How a block cycle ended (`cycle`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct CycleEnd {
+    /// The tick it ended at (a synchronisation point).
+    pub ti: u64,
+    /// The finest rung any rank used.
+    pub finest: u32,
+    /// Particles per rung at its start, over every rank.
+    pub histogram: Vec<u64>,
+    /// Particle force evaluations it made, over every rank.
+    pub evaluations: u64,
+    /// Those the global scheme would have made at its shortest step.
+    pub global_evaluations: f64,
+}
+
+/// One cycle of the block scheme from the synchronisation point `ti0` to the next: rungs
+/// from every particle's acceleration (at most `deepest`), the opening half kicks, then at
+/// each tick where steps end a drift of everybody, forces for the particles whose step ends,
+/// their closing half kick, and (unless everybody is synchronised) a new rung and opening
+/// half kick. The bookkeeping of a sub-step goes with its active particles only.
+pub fn cycle<K: BlockKeeper>(
+    keeper: &mut K,
+    timeline: &Timeline,
+    ti0: u64,
+    deepest: u32,
+) -> Result<CycleEnd, K::Error> {
+    let n = keeper.own_particles();
+    let wanted = keeper.wanted_steps(None)?;
+    let mut rungs = Rungs::start(ti0, rungs_for(timeline, ti0, &wanted, deepest)?);
+    let own = rungs.histogram(deepest);
+    let mut finest = own.iter().rposition(|&c| c > 0).unwrap_or(0) as u32;
+    let histogram = keeper.sum(&own)?;
+    let timeline = *timeline;
+    let half_step = move |r: u32| 0.5 * timeline.level_dt(r);
+    let half: Vec<f64> = rungs.rung().par_iter().map(|&r| half_step(r)).collect();
+    keeper.kick_each(None, &half)?;
+    let mut ti = ti0;
+    let mut evaluations = 0;
+    loop {
+        let next = keeper.earliest(rungs.next_end())?;
+        if next == u64::MAX {
+            // No particle on any rank: on to the next multiple of dt_max.
+            ti = (ti0 / TICKS_PER_DT_MAX + 1) * TICKS_PER_DT_MAX;
+            break;
+        }
+        keeper.drift(timeline.span(ti, next))?;
+        ti = next;
+        rungs.advance(ti);
+        let counts = keeper.sum(&[rungs.count_ending() as u64, n as u64])?;
+        evaluations += counts[0];
+        if counts[0] == counts[1] {
+            let rung = rungs.rung().iter().map(|&r| r as u8).collect();
+            let rung = keeper.forces_of_all(rung, timeline.time(ti))?;
+            let half: Vec<f64> = rung.par_iter().map(|&r| half_step(u32::from(r))).collect();
+            keeper.kick_each(None, &half)?;
+            break;
+        }
+        let active = rungs.ending_rows();
+        keeper.forces_of(&active, timeline.time(ti))?;
+        let closing: Vec<f64> = active
+            .par_iter()
+            .map(|&i| half_step(rungs.rung()[i as usize]))
+            .collect();
+        keeper.kick_each(Some(&active), &closing)?;
+        let wanted = keeper.wanted_steps(Some(&active))?;
+        let mut opening = Vec::with_capacity(active.len());
+        for (&i, &w) in active.iter().zip(&wanted) {
+            let r = rung_for(&timeline, ti, w, deepest)?;
+            rungs.restart(i, r);
+            finest = finest.max(r);
+            opening.push(half_step(r));
+        }
+        keeper.kick_each(Some(&active), &opening)?;
+    }
+    let finest = keeper.largest(f64::from(finest))? as u32;
+    let steps = (ti - ti0) / Timeline::level_ticks(finest);
+    Ok(CycleEnd {
+        ti,
+        finest,
+        global_evaluations: (histogram.iter().sum::<u64>() * steps) as f64,
+        histogram,
+        evaluations,
+    })
 }
 
 #[cfg(test)]

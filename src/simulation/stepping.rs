@@ -8,8 +8,8 @@ use super::signals::SignalGuard;
 use super::state::{Operator, Simulation};
 use crate::config::StepScheme;
 use crate::distributed::comm::{allgatherv, allreduce_max, allreduce_sum};
-use crate::integrate::block::{Rungs, rung_for, rungs_for};
-use crate::integrate::timestep::{TICKS_PER_DT_MAX, Timeline, criterion_dt};
+use crate::integrate::block::{BlockKeeper, cycle};
+use crate::integrate::timestep::{Timeline, criterion_dt};
 use rayon::prelude::*;
 use std::time::Instant;
 
@@ -136,92 +136,83 @@ impl<'a> Simulation<'a> {
         }
     }
 
-    /// One cycle of the block scheme (`integrate::block`), from the synchronisation point
-    /// the run is at to the next: rungs from every particle's acceleration, the opening
-    /// half kicks, then at each tick where steps end a drift of everybody, forces for the
-    /// particles whose step ends, their closing half kick, and (unless everybody is
-    /// synchronised) a new rung and opening half kick. A sub-step's bookkeeping here and
-    /// its traffic with a device go with its active particles only (a list of their rows).
+    /// One cycle of the block scheme (`integrate::block::cycle`), from the synchronisation
+    /// point the run is at to the next, over the state interface (host or device).
     fn block_cycle(&mut self) -> Result<(), RunError> {
-        let integ = &self.spec.config.integrator;
-        let deepest = integ.max_rungs as u32;
-        let start = Instant::now();
+        let deepest = self.spec.config.integrator.max_rungs as u32;
         self.load_resident()?;
-        let ti0 = self.state.ti;
-        let n = self.particles.len();
-        let rung = rungs_for(&self.timeline, ti0, &self.wanted_steps(None), deepest)?;
-        let mut rungs = Rungs::start(ti0, rung);
-        let own = rungs.histogram(deepest);
-        let mut finest = own.iter().rposition(|&c| c > 0).unwrap_or(0) as u32;
-        let histogram = allreduce_sum(self.comm, &own)?;
         let timeline = self.timeline;
-        let half_step = move |r: u32| 0.5 * timeline.level_dt(r);
-        let half: Vec<f64> = rungs.rung().par_iter().map(|&r| half_step(r)).collect();
-        self.kick_each(None, &half)?;
-        let mut ti = ti0;
-        self.wall.integrate += start.elapsed().as_secs_f64();
-        loop {
-            let start = Instant::now();
-            let next = allgatherv(self.comm, &[rungs.next_end()])?
-                .iter()
-                .flatten()
-                .copied()
-                .min()
-                .unwrap_or(u64::MAX);
-            if next == u64::MAX {
-                // No particle on any rank: on to the next multiple of dt_max.
-                ti = (ti0 / TICKS_PER_DT_MAX + 1) * TICKS_PER_DT_MAX;
-                break;
-            }
-            self.apply(Operator::Drift, self.timeline.span(ti, next))?;
-            ti = next;
-            rungs.advance(ti);
-            let count = rungs.count_ending() as u64;
-            let counts = allreduce_sum(self.comm, &[count, n as u64])?;
-            let everyone = counts[0] == counts[1];
-            self.block.evaluations += counts[0];
-            self.wall.integrate += start.elapsed().as_secs_f64();
-            if everyone {
-                // The full evaluation may move particles between ranks (rebalancing on the
-                // cycle's work): their rungs travel with them for the closing half kick.
-                self.particles.rung = rungs.rung().iter().map(|&r| r as u8).collect();
-                self.compute_forces(None, self.timeline.time(ti))?;
-                let start = Instant::now();
-                let rung = std::mem::take(&mut self.particles.rung);
-                let half: Vec<f64> = rung.par_iter().map(|&r| half_step(u32::from(r))).collect();
-                self.kick_each(None, &half)?;
-                // The next cycle's rungs come from these accelerations.
-                self.fetch_accelerations(None)?;
-                self.wall.integrate += start.elapsed().as_secs_f64();
-                break;
-            }
-            let active = rungs.ending_rows();
-            self.compute_forces(Some(&active), self.timeline.time(ti))?;
-            let start = Instant::now();
-            self.fetch_accelerations(Some(&active))?;
-            let closing: Vec<f64> = active
-                .par_iter()
-                .map(|&i| half_step(rungs.rung()[i as usize]))
-                .collect();
-            self.kick_each(Some(&active), &closing)?;
-            let wanted = self.wanted_steps(Some(&active));
-            let mut opening = Vec::with_capacity(active.len());
-            for (&i, &w) in active.iter().zip(&wanted) {
-                let r = rung_for(&self.timeline, ti, w, deepest)?;
-                rungs.restart(i, r);
-                finest = finest.max(r);
-                opening.push(half_step(r));
-            }
-            self.kick_each(Some(&active), &opening)?;
-            self.wall.integrate += start.elapsed().as_secs_f64();
-        }
-        let finest = allreduce_max(self.comm, &[f64::from(finest)])?[0] as u32;
-        let cycle = (ti - ti0) / Timeline::level_ticks(finest);
-        self.block.global_evaluations += (histogram.iter().sum::<u64>() * cycle) as f64;
-        self.block.histogram = histogram;
-        self.state.ti = ti;
+        let end = cycle(self, &timeline, self.state.ti, deepest)?;
+        self.block.evaluations += end.evaluations;
+        self.block.global_evaluations += end.global_evaluations;
+        self.block.histogram = end.histogram;
+        self.state.ti = end.ti;
         self.state.step += 1;
-        self.state.last_dt = self.timeline.level_dt(finest);
+        self.state.last_dt = self.timeline.level_dt(end.finest);
         Ok(())
+    }
+}
+
+/// A run's rank as the block cycle's keeper: its state interface, its collectives, and the
+/// wall time of the integration's parts (forces are timed where they are computed).
+impl BlockKeeper for Simulation<'_> {
+    type Error = RunError;
+
+    fn own_particles(&self) -> usize {
+        self.particles.len()
+    }
+
+    fn wanted_steps(&mut self, rows: Option<&[u32]>) -> Result<Vec<f64>, RunError> {
+        let start = Instant::now();
+        let wanted = Simulation::wanted_steps(self, rows);
+        self.wall.integrate += start.elapsed().as_secs_f64();
+        Ok(wanted)
+    }
+
+    fn kick_each(&mut self, rows: Option<&[u32]>, h: &[f64]) -> Result<(), RunError> {
+        let start = Instant::now();
+        Simulation::kick_each(self, rows, h)?;
+        self.wall.integrate += start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn drift(&mut self, h: f64) -> Result<(), RunError> {
+        let start = Instant::now();
+        self.apply(Operator::Drift, h)?;
+        self.wall.integrate += start.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    fn forces_of(&mut self, rows: &[u32], time: f64) -> Result<(), RunError> {
+        self.compute_forces(Some(rows), time)?;
+        self.fetch_accelerations(Some(rows))
+    }
+
+    fn forces_of_all(&mut self, rung: Vec<u8>, time: f64) -> Result<Vec<u8>, RunError> {
+        // The full evaluation may move particles between ranks (rebalancing on the cycle's
+        // work): their rungs travel with them for the closing half kick.
+        self.particles.rung = rung;
+        self.compute_forces(None, time)?;
+        let rung = std::mem::take(&mut self.particles.rung);
+        // The next cycle's rungs come from these accelerations.
+        self.fetch_accelerations(None)?;
+        Ok(rung)
+    }
+
+    fn earliest(&mut self, tick: u64) -> Result<u64, RunError> {
+        Ok(allgatherv(self.comm, &[tick])?
+            .iter()
+            .flatten()
+            .copied()
+            .min()
+            .unwrap_or(u64::MAX))
+    }
+
+    fn sum(&mut self, values: &[u64]) -> Result<Vec<u64>, RunError> {
+        Ok(allreduce_sum(self.comm, values)?)
+    }
+
+    fn largest(&mut self, value: f64) -> Result<f64, RunError> {
+        Ok(allreduce_max(self.comm, &[value])?[0])
     }
 }
