@@ -261,9 +261,14 @@ class Simulation:
     dt : float, optional
         Fixed step. Or:
     eta : float, optional
-        Each step ``eta * sqrt(softening / max|a|)`` (at most ``dt_max``).
-    scheme : "global"
-        Every particle on the same step (block steps are the command line's for now).
+        Each step ``eta * sqrt(softening / max|a|)`` (at most ``dt_max``); with block steps
+        each particle's own ``eta * sqrt(softening / |a|)``.
+    scheme : "global" or "block"
+        Every particle on the same step, or each on its own power-of-two fraction of
+        ``dt_max`` (the command line's block scheme, down to ``dt_max / 2**max_rungs``;
+        needs ``eta`` and ``dt_max``). A block "step" is one cycle: from one
+        synchronisation point to the next (at most ``dt_max``), so ``evolve(t)`` stops at
+        the first one at or after ``t``.
     accuracy, theta, order, leaf_size, kernel, threads
         As for ``accelerations``.
 
@@ -291,6 +296,7 @@ class Simulation:
         leaf_size: Optional[int] = None,
         kernel: str = "spline",
         threads: Optional[int] = None,
+        max_rungs: int = 16,
     ):
         pos_c = _vectors("pos", pos, place=True)
         n = pos_c.shape[0]
@@ -300,23 +306,26 @@ class Simulation:
         mass_c = _scalars("mass", mass, n, positive=True)
         if units not in ("galactic", "nbody"):
             raise ValueError(f"units must be 'galactic' or 'nbody', not {units!r}")
-        if scheme != "global":
-            raise ValueError(f"scheme must be 'global' from Python (block steps: the command line), not {scheme!r}")
+        if scheme not in ("global", "block"):
+            raise ValueError(f"scheme must be 'global' or 'block', not {scheme!r}")
         eps = _number("softening", softening)
         if (dt is None) == (eta is None):
             raise ValueError("give exactly one of dt (a fixed step) and eta (steps from the accelerations)")
         dt = None if dt is None else _number("dt", dt, open_low=True)
         eta = None if eta is None else _number("eta", eta, open_low=True)
         if eta is not None and eps == 0:
-            raise ValueError("eta needs a softening length > 0 (the step is eta sqrt(softening / max|a|))")
+            raise ValueError("eta needs a softening length > 0 (the step is eta sqrt(softening / |a|))")
+        if scheme == "block" and (eta is None or dt_max is None):
+            raise ValueError("scheme='block' needs eta (each particle's step) and dt_max (the longest step)")
         dt_max = math.inf if dt_max is None else _number("dt_max", dt_max, open_low=True)
+        max_rungs = _count("max_rungs", max_rungs, high=40)
         g = GALACTIC_G if units == "galactic" else 1.0
         theta = _THETA if theta is None else _number("theta", theta, open_low=True, high=1.0, open_high=True)
         self._sim = _native.Simulation(
             pos_c, vel_c, mass_c, eps, _kernel(kernel), units, g, dt, eta, dt_max,
             _number("accuracy", accuracy, high=1.0, open_high=True), theta,
             _count("order", order, high=12), _count("leaf_size", leaf_size, high=65536) or _LEAF_SIZE,
-            _count("threads", threads, high=4096),
+            _count("threads", threads, high=4096), scheme, max_rungs,
         )
 
     @classmethod

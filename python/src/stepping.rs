@@ -7,10 +7,11 @@ use crate::forces::{Forces, kernel_of, rows, to_numpy, values, vectors};
 use crate::{guarded, value_error};
 use leapfmm::config::Precision;
 use leapfmm::fmm::solver::{Evaluation, FmmSettings, FmmSolver, default_order, magnitudes};
-use leapfmm::gravity::{Softening, check_finite};
+use leapfmm::gravity::{Softening, active_flags, check_finite};
+use leapfmm::integrate::block::{BlockKeeper, cycle};
 use leapfmm::integrate::diagnostics::Conserved;
-use leapfmm::integrate::leapfrog::{drift, kick};
-use leapfmm::integrate::timestep::criterion_dt;
+use leapfmm::integrate::leapfrog::{drift, kick, kick_each};
+use leapfmm::integrate::timestep::{Timeline, TimestepError, criterion_dt};
 use leapfmm::io::checkpoint;
 use leapfmm::io::snapshot::{SnapshotInfo, write_snapshot};
 use leapfmm::particles::{Component, Particles};
@@ -35,6 +36,10 @@ struct Settings {
     theta: f64,
     order: usize,
     leaf_size: usize,
+    /// "global" or "block".
+    scheme: String,
+    /// The block scheme's deepest rung (steps down to `dt_max / 2^max_rungs`).
+    max_rungs: u32,
 }
 
 /// A checkpoint's contents: the settings and the synchronised state, bit for bit.
@@ -43,6 +48,8 @@ struct Saved {
     settings: Settings,
     particles: Particles,
     time: f64,
+    /// The block scheme's tick (`Timeline`), 0 for global steps.
+    ti: u64,
     steps: u64,
     energy0: f64,
 }
@@ -55,6 +62,8 @@ pub(crate) struct Simulation {
     solver: FmmSolver,
     threads: Option<usize>,
     time: f64,
+    /// The block scheme's tick on its timeline of `dt_max`.
+    ti: u64,
     steps: u64,
     /// Total energy at the start (for `energy_error`).
     energy0: f64,
@@ -82,14 +91,17 @@ impl Simulation {
         Ok(FmmSolver::new(settings, None))
     }
 
-    /// Accelerations and potentials of the current positions (the last ones' magnitudes are
-    /// what the accuracy target expects, as in a run).
-    fn forces(&mut self, first: bool) -> PyResult<()> {
+    /// Accelerations and potentials of the current positions, of all particles or of the
+    /// `active` ones (block steps); the last ones' magnitudes are what the accuracy target
+    /// expects, as in a run.
+    fn forces(&mut self, first: bool, active: Option<&[u32]>) -> PyResult<()> {
         check_finite(&self.particles).map_err(value_error)?;
         let p = &mut self.particles;
         let expected = (!first).then(|| magnitudes(&p.acc));
+        let flags = active.map(|rows| active_flags(rows, p.len()));
         let with = Evaluation {
             expected_accel: expected.as_deref(),
+            active: flags.as_deref(),
             ..Evaluation::default()
         };
         let stats = self
@@ -127,11 +139,30 @@ impl Simulation {
     fn step_once(&mut self, dt: f64) -> PyResult<()> {
         kick(&mut self.particles, 0.5 * dt);
         drift(&mut self.particles, dt);
-        self.forces(false)?;
+        self.forces(false, None)?;
         kick(&mut self.particles, 0.5 * dt);
         self.time += dt;
         self.steps += 1;
         Ok(())
+    }
+
+    /// One cycle of the block scheme (the command line's `integrator.scheme = "block"`),
+    /// from the synchronisation point the simulation is at to the next.
+    fn cycle_once(&mut self) -> PyResult<()> {
+        let timeline = Timeline {
+            dt_max: self.settings.dt_max,
+        };
+        let deepest = self.settings.max_rungs;
+        let ti = self.ti;
+        let end = cycle(&mut Keeper(self), &timeline, ti, deepest).map_err(|f| f.0)?;
+        self.ti = end.ti;
+        self.time = timeline.time(end.ti);
+        self.steps += 1;
+        Ok(())
+    }
+
+    fn block(&self) -> bool {
+        self.settings.scheme == "block"
     }
 
     fn conserved(&self) -> Conserved {
@@ -149,7 +180,15 @@ impl Simulation {
             let Some(dt) = more(self) else {
                 return Ok(());
             };
-            py.detach(|| guarded("Simulation.evolve", threads, || self.step_once(dt)))?;
+            py.detach(|| {
+                guarded("Simulation.evolve", threads, || {
+                    if self.block() {
+                        self.cycle_once()
+                    } else {
+                        self.step_once(dt)
+                    }
+                })
+            })?;
             // Between steps the state is synchronised: an interrupt (KeyboardInterrupt)
             // leaves it intact.
             py.check_signals()?;
@@ -162,7 +201,7 @@ impl Simulation {
     /// Particles at `pos` with `vel` and `mass` (checked by the Python wrapper), their forces
     /// evaluated once.
     #[new]
-    #[pyo3(signature = (pos, vel, mass, softening, kernel, units, g, dt, eta, dt_max, accuracy, theta, order, leaf_size, threads))]
+    #[pyo3(signature = (pos, vel, mass, softening, kernel, units, g, dt, eta, dt_max, accuracy, theta, order, leaf_size, threads, scheme, max_rungs))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -181,6 +220,8 @@ impl Simulation {
         order: Option<usize>,
         leaf_size: usize,
         threads: Option<usize>,
+        scheme: String,
+        max_rungs: u32,
     ) -> PyResult<Self> {
         let (pos, vel, mass) = (
             rows(&pos, "pos")?,
@@ -203,6 +244,8 @@ impl Simulation {
             theta,
             order: order.unwrap_or_else(|| default_order(accuracy)),
             leaf_size,
+            scheme,
+            max_rungs,
         };
         let solver = Self::solver_for(&settings)?;
         let mut sim = Simulation {
@@ -211,21 +254,23 @@ impl Simulation {
             solver,
             threads,
             time: 0.0,
+            ti: 0,
             steps: 0,
             energy0: 0.0,
             evaluations: 0,
             retries_after_first: 0,
         };
-        py.detach(|| guarded("Simulation", threads, || sim.forces(true)))?;
+        py.detach(|| guarded("Simulation", threads, || sim.forces(true, None)))?;
         sim.energy0 = sim.conserved().total();
         Ok(sim)
     }
 
     /// Advances to time `t` (a no-op at or before the current time).
     fn evolve(&mut self, py: Python<'_>, t: f64) -> PyResult<()> {
+        // Block steps end cycles at multiples of dt_max: the first at or after `t`.
         self.advance(py, |s| {
             let left = t - s.time;
-            (left > 0.0).then(|| s.next_dt(left))
+            (left > 1e-12 * t.abs()).then(|| s.next_dt(left))
         })
     }
 
@@ -312,6 +357,8 @@ impl Simulation {
             ("theta".into(), s.theta.to_string()),
             ("order".into(), s.order.to_string()),
             ("leaf_size".into(), s.leaf_size.to_string()),
+            ("scheme".into(), s.scheme.clone()),
+            ("max_rungs".into(), s.max_rungs.to_string()),
         ]
     }
 
@@ -346,6 +393,7 @@ impl Simulation {
             settings: self.settings.clone(),
             particles: self.particles.clone(),
             time: self.time,
+            ti: self.ti,
             steps: self.steps,
             energy0: self.energy0,
         };
@@ -375,6 +423,7 @@ impl Simulation {
             solver,
             threads,
             time: saved.time,
+            ti: saved.ti,
             steps: saved.steps,
             energy0: saved.energy0,
             evaluations: 0,
@@ -394,5 +443,79 @@ impl Simulation {
             self.steps,
             self.settings.units
         )
+    }
+}
+
+/// A Python-side failure or a rung too deep, for the block cycle.
+struct Failed(PyErr);
+
+impl From<TimestepError> for Failed {
+    fn from(e: TimestepError) -> Self {
+        Failed(value_error(e))
+    }
+}
+
+impl From<PyErr> for Failed {
+    fn from(e: PyErr) -> Self {
+        Failed(e)
+    }
+}
+
+/// The simulation as the block cycle's keeper: one rank, on the host.
+struct Keeper<'s>(&'s mut Simulation);
+
+impl BlockKeeper for Keeper<'_> {
+    type Error = Failed;
+
+    fn own_particles(&self) -> usize {
+        self.0.particles.len()
+    }
+
+    fn wanted_steps(&mut self, rows: Option<&[u32]>) -> Result<Vec<f64>, Failed> {
+        let (s, p) = (&self.0.settings, &self.0.particles);
+        let eta = s.eta.unwrap_or(0.0);
+        let wanted = |i: usize| {
+            let a = p.acc[i];
+            criterion_dt(
+                eta,
+                s.softening,
+                (a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt(),
+            )
+        };
+        Ok(match rows {
+            None => (0..p.len()).map(wanted).collect(),
+            Some(rows) => rows.iter().map(|&i| wanted(i as usize)).collect(),
+        })
+    }
+
+    fn kick_each(&mut self, rows: Option<&[u32]>, h: &[f64]) -> Result<(), Failed> {
+        kick_each(&mut self.0.particles, rows, h);
+        Ok(())
+    }
+
+    fn drift(&mut self, h: f64) -> Result<(), Failed> {
+        drift(&mut self.0.particles, h);
+        Ok(())
+    }
+
+    fn forces_of(&mut self, rows: &[u32], _time: f64) -> Result<(), Failed> {
+        Ok(self.0.forces(false, Some(rows))?)
+    }
+
+    fn forces_of_all(&mut self, rung: Vec<u8>, _time: f64) -> Result<Vec<u8>, Failed> {
+        self.0.forces(false, None)?;
+        Ok(rung)
+    }
+
+    fn earliest(&mut self, tick: u64) -> Result<u64, Failed> {
+        Ok(tick)
+    }
+
+    fn sum(&mut self, values: &[u64]) -> Result<Vec<u64>, Failed> {
+        Ok(values.to_vec())
+    }
+
+    fn largest(&mut self, value: f64) -> Result<f64, Failed> {
+        Ok(value)
     }
 }
