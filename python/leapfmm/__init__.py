@@ -271,6 +271,9 @@ class Simulation:
         the first one at or after ``t``.
     accuracy, theta, order, leaf_size, kernel, threads
         As for ``accelerations``.
+    caps_presets : path, optional
+        A caps presets file (JSON) the FMM's buffer capacities start from and are recorded
+        in, as a run's ``gravity.caps_presets``.
 
     The forces are evaluated once here; ``evolve(t)`` and ``step(n)`` advance, stopping
     between steps at Ctrl-C (``KeyboardInterrupt``, with the state intact). The FMM's
@@ -297,6 +300,7 @@ class Simulation:
         kernel: str = "spline",
         threads: Optional[int] = None,
         max_rungs: int = 16,
+        caps_presets: Optional[Union[str, os.PathLike]] = None,
     ):
         pos_c = _vectors("pos", pos, place=True)
         n = pos_c.shape[0]
@@ -326,6 +330,7 @@ class Simulation:
             _number("accuracy", accuracy, high=1.0, open_high=True), theta,
             _count("order", order, high=12), _count("leaf_size", leaf_size, high=65536) or _LEAF_SIZE,
             _count("threads", threads, high=4096), scheme, max_rungs,
+            None if caps_presets is None else os.fspath(caps_presets),
         )
 
     @classmethod

@@ -34,6 +34,7 @@ class Simulation:
         self, pos: F64, vel: F64, mass: F64, softening: float, kernel: str, units: str, g: float,
         dt: Optional[float], eta: Optional[float], dt_max: float, accuracy: float, theta: float,
         order: Optional[int], leaf_size: int, threads: Optional[int], scheme: str, max_rungs: int,
+        caps_presets: Optional[str],
     ) -> None: ...
     @staticmethod
     def from_checkpoint(path: str, threads: Optional[int] = None) -> "Simulation": ...

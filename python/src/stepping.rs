@@ -6,6 +6,7 @@
 use crate::forces::{Forces, kernel_of, rows, to_numpy, values, vectors};
 use crate::{guarded, value_error};
 use leapfmm::config::Precision;
+use leapfmm::fmm::presets::PresetsStore;
 use leapfmm::fmm::solver::{Evaluation, FmmSettings, FmmSolver, default_order, magnitudes};
 use leapfmm::gravity::{Softening, active_flags, check_finite};
 use leapfmm::integrate::block::{BlockKeeper, cycle};
@@ -40,6 +41,8 @@ struct Settings {
     scheme: String,
     /// The block scheme's deepest rung (steps down to `dt_max / 2^max_rungs`).
     max_rungs: u32,
+    /// A caps presets file the solver starts from and records its caps in.
+    caps_presets: Option<PathBuf>,
 }
 
 /// A checkpoint's contents: the settings and the synchronised state, bit for bit.
@@ -88,7 +91,10 @@ impl Simulation {
                 s.g,
             )
         };
-        Ok(FmmSolver::new(settings, None))
+        Ok(FmmSolver::new(
+            settings,
+            s.caps_presets.clone().map(PresetsStore::new),
+        ))
     }
 
     /// Accelerations and potentials of the current positions, of all particles or of the
@@ -201,7 +207,7 @@ impl Simulation {
     /// Particles at `pos` with `vel` and `mass` (checked by the Python wrapper), their forces
     /// evaluated once.
     #[new]
-    #[pyo3(signature = (pos, vel, mass, softening, kernel, units, g, dt, eta, dt_max, accuracy, theta, order, leaf_size, threads, scheme, max_rungs))]
+    #[pyo3(signature = (pos, vel, mass, softening, kernel, units, g, dt, eta, dt_max, accuracy, theta, order, leaf_size, threads, scheme, max_rungs, caps_presets))]
     #[allow(clippy::too_many_arguments)]
     fn new(
         py: Python<'_>,
@@ -222,6 +228,7 @@ impl Simulation {
         threads: Option<usize>,
         scheme: String,
         max_rungs: u32,
+        caps_presets: Option<PathBuf>,
     ) -> PyResult<Self> {
         let (pos, vel, mass) = (
             rows(&pos, "pos")?,
@@ -246,6 +253,7 @@ impl Simulation {
             leaf_size,
             scheme,
             max_rungs,
+            caps_presets,
         };
         let solver = Self::solver_for(&settings)?;
         let mut sim = Simulation {

@@ -2,6 +2,7 @@
 units, Ctrl-C between steps."""
 
 import _thread
+import json
 import threading
 import time
 
@@ -49,6 +50,20 @@ def test_caps_are_reused_between_steps(cluster):
     evaluations, retries = sim.evaluations
     assert evaluations == 21
     assert retries == 0
+
+
+def test_caps_presets_carry_the_caps_to_the_next_simulation(cluster, tmp_path):
+    pos, vel, mass = cluster
+    presets = tmp_path / "presets.toml"
+    one = leapfmm.Simulation(pos, vel, mass, softening=0.02, units="nbody", dt=0.01, caps_presets=presets)
+    one.step(3)
+    # The converged caps are recorded under this size's key (particles per rank).
+    keys = [e["key"] for e in json.loads(presets.read_text())["entries"]]
+    assert any(k["particles_per_rank"] == len(pos) for k in keys)
+    two = leapfmm.Simulation(pos, vel, mass, softening=0.02, units="nbody", dt=0.01, caps_presets=presets)
+    two.step(3)
+    assert two.evaluations == (4, 0)
+    assert np.array_equal(two.positions, one.positions)
 
 
 def test_evolve_lands_on_the_time_asked_with_eta_steps(cluster):
