@@ -1,5 +1,6 @@
 //! `leapfmm.Simulation`: particles kept in Rust and advanced by the kick-drift-kick leapfrog
-//! with global steps (fixed `dt`, or `eta sqrt(ε / max|a|)` each step), FMM forces from one
+//! with global steps (fixed `dt`, or `eta sqrt(ε / max|a|)` each step) or the run's block
+//! cycle (`integrate::block::cycle`, this simulation as its keeper), FMM forces from one
 //! solver whose caps carry over from step to step as in a run, energy diagnostics, HDF5
 //! snapshots and bit-exact checkpoints.
 
@@ -68,7 +69,7 @@ pub(crate) struct Simulation {
     /// The block scheme's tick on its timeline of `dt_max`.
     ti: u64,
     steps: u64,
-    /// Total energy at the start (for `energy_error`).
+    /// Total energy at the start (the relative error in `diagnostics` is against it).
     energy0: f64,
     evaluations: u64,
     /// Buffer-capacity retries of every evaluation after the first.
