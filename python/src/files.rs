@@ -152,16 +152,30 @@ pub(crate) fn run(
                 stop: Some(stop),
             };
             let outcome = run_spec(&spec, options).map_err(value_error)?;
-            let stopped = !matches!(
-                outcome,
-                RunOutcome::Finished { .. } | RunOutcome::AlreadyFinished { .. }
-            );
-            Ok((format!("{}: {outcome:?}", spec.run_dir.display()), stopped))
+            let dir = spec.run_dir.display();
+            Ok(match outcome {
+                RunOutcome::Finished { steps, time } => (
+                    format!("{dir}: finished at t = {time} after {steps} steps"),
+                    false,
+                ),
+                RunOutcome::AlreadyFinished { time } => {
+                    (format!("{dir}: already finished at t = {time}"), false)
+                }
+                RunOutcome::Interrupted {
+                    time, checkpoint, ..
+                } => (
+                    format!(
+                        "{dir}: stopped at t = {time}, checkpoint {}",
+                        checkpoint.display()
+                    ),
+                    true,
+                ),
+            })
         })
     })?;
     match outcome {
         (line, true) => Err(PyKeyboardInterrupt::new_err(format!(
-            "{line} (stopped by a signal; run again with resume=True to continue)"
+            "{line} (run again with resume=True to continue)"
         ))),
         (line, false) => Ok(line),
     }

@@ -100,19 +100,19 @@ def test_run_runs_a_toml_config_and_resumes(tmp_path):
     config = tmp_path / "tiny.toml"
     config.write_text(TINY.format(name="tiny", out=tmp_path, model=ROOT / "ics" / "small_disk.toml"))
     line = leapfmm.run(config, quiet=True)
-    assert "Finished" in line
+    assert line.endswith("tiny: finished at t = 0.01 after 10 steps"), line
     snaps = sorted((tmp_path / "tiny" / "snapshots").glob("snap_*.hdf5"))
     assert len(snaps) == 3
     last = leapfmm.load(snaps[-1])
     assert last["time"] == pytest.approx(0.01) and len(last["pos"]) == 3000
-    assert "AlreadyFinished" in leapfmm.run(config, quiet=True)
+    assert "already finished at t = 0.01" in leapfmm.run(config, quiet=True)
 
 
 def test_run_shows_a_tqdm_bar_off_a_terminal(tmp_path, capsys):
     config = tmp_path / "bar.toml"
     config.write_text(TINY.format(name="bar", out=tmp_path, model=ROOT / "ics" / "small_disk.toml"))
     line = leapfmm.run(config, progress=True)
-    assert "Finished" in line
+    assert "finished at t = 0.01" in line
     err = capsys.readouterr().err
     # The bar ends at the run's end time (0.01), full.
     assert "100%" in err and "t = 0.01 of 0.01" in err, err[-300:]
@@ -132,11 +132,24 @@ def test_ctrl_c_stops_a_run_at_a_checkpoint_and_it_resumes(tmp_path):
     text = TINY.format(name="long", out=tmp_path, model=ROOT / "ics" / "small_disk.toml")
     config.write_text(text.replace("t_end = 0.01", "t_end = 0.5"))
     threading.Timer(1.0, _thread.interrupt_main).start()
-    with pytest.raises(KeyboardInterrupt, match="Interrupted"):
+    with pytest.raises(KeyboardInterrupt, match="stopped at t = .*checkpoint"):
         leapfmm.run(config, quiet=True)
     checkpoints = list((tmp_path / "long" / "checkpoints").glob("*.ckpt"))
     assert checkpoints, "the stop writes a checkpoint"
     # The interpreter is still here (no handler of the run's ended it), and the run goes on.
-    assert "Finished" in leapfmm.run(config, quiet=True)
+    assert "finished at t = 0.5" in leapfmm.run(config, quiet=True)
     last = leapfmm.load(sorted((tmp_path / "long" / "snapshots").glob("snap_*.hdf5"))[-1])
     assert last["time"] == pytest.approx(0.5)
+
+
+def test_the_extension_needs_no_system_hdf5():
+    import shutil
+    import subprocess
+
+    from leapfmm import _native
+
+    if shutil.which("ldd") is None:
+        pytest.fail("ldd is needed to read the extension's dynamic dependencies")
+    libs = subprocess.run(["ldd", _native.__file__], capture_output=True, text=True, check=True).stdout
+    # HDF5 is linked in (hdf5-metno's `static` feature): no libhdf5 among the dependencies.
+    assert "libhdf5" not in libs and "not found" not in libs, libs
