@@ -51,8 +51,6 @@ GALACTIC_G = 43009.17
 #: One galactic time unit (kpc / (km/s)) in Myr.
 MYR_PER_TIME_UNIT = 977.79222
 
-ArrayLike = Union[np.ndarray, "list"]
-
 # Defaults of the command line (`leapfmm forces`): the geometric MAC at θ = 0.75, p = 7
 # (p = 9 with an accuracy target), leaves of 128 particles.
 _THETA = 0.75

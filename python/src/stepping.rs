@@ -359,8 +359,8 @@ impl Simulation {
             ("G".into(), s.g.to_string()),
             ("softening".into(), s.softening.to_string()),
             ("kernel".into(), s.kernel.clone()),
-            ("dt".into(), format!("{:?}", s.dt)),
-            ("eta".into(), format!("{:?}", s.eta)),
+            ("dt".into(), optional(s.dt)),
+            ("eta".into(), optional(s.eta)),
             ("dt_max".into(), s.dt_max.to_string()),
             ("accuracy".into(), s.accuracy.to_string()),
             ("theta".into(), s.theta.to_string()),
@@ -453,6 +453,11 @@ impl Simulation {
             self.settings.units
         )
     }
+}
+
+/// A setting that may be unset, as text ("None" when it is).
+fn optional(v: Option<f64>) -> String {
+    v.map_or_else(|| "None".into(), |v| v.to_string())
 }
 
 /// A Python-side failure or a rung too deep, for the block cycle.

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import leapfmm
-from conftest import plummer
+from conftest import ROOT, plummer
 
 KPC_CM = 3.0856775814913673e21
 MSUN_G = 1.98841e33
@@ -101,7 +101,7 @@ def test_views_are_read_only_copies(cluster):
 
 
 def test_snapshot_has_the_values_with_units(tmp_path):
-    d = leapfmm.ics(leapfmm_root() / "ics" / "small_disk.toml", n=5000, seed=1)
+    d = leapfmm.ics(ROOT / "ics" / "small_disk.toml", n=5000, seed=1)
     sim = leapfmm.Simulation(d["pos"], d["vel"], d["mass"], softening=0.05, dt=0.001)
     sim.step(3)
     sim.save(tmp_path / "snap.hdf5")
@@ -138,12 +138,6 @@ def test_ctrl_c_stops_between_steps_with_the_state_intact(cluster):
     fresh = leapfmm.Simulation(pos, vel, mass, softening=0.02, units="nbody", dt=0.001)
     fresh.step(steps + 2)
     assert np.array_equal(sim.positions, fresh.positions)
-
-
-def leapfmm_root():
-    from conftest import ROOT
-
-    return ROOT
 
 
 def test_block_steps_conserve_like_global_steps_at_equal_eta(cluster, tmp_path):
