@@ -345,37 +345,57 @@ impl Operators {
         s + &body
     }
 
-    /// The swap matrices as straight-line Rust for `m2l_lanes`: one function a matrix
-    /// (`p{p}_swap`, `p{p}_unswap`, `p{p}_swap_local`, `p{p}_unswap_local`), each row's
-    /// non-zeros fused in column order from zero with their values inline, as
-    /// `apply_lanes` sums them (the same bits). `swap_lanes_source` puts the orders together.
-    fn lanes_source(&self) -> String {
+    /// The swap matrices degree by degree as straight-line Rust: `d{n}_{name}(v, o)` maps
+    /// the degree's `2n + 2` lane rows, and `apply_degree::<N>` picks one by degree and
+    /// matrix (a rotation keeps the degree, and a degree's block is the same at any order).
+    fn degree_source(&self) -> String {
         use std::fmt::Write;
-        let p = self.p;
-        let len = real_len(p);
         let matrices = [
-            ("swap", &self.swap_flat),
-            ("unswap", &self.unswap_flat),
-            ("swap_local", &self.swap_local_flat),
-            ("unswap_local", &self.unswap_local_flat),
+            ("Swap", "swap", &self.swap_flat),
+            ("Unswap", "unswap", &self.unswap_flat),
+            ("SwapLocal", "swap_local", &self.swap_local_flat),
+            ("UnswapLocal", "unswap_local", &self.unswap_local_flat),
         ];
-        let mut s = String::new();
-        for (name, m) in matrices {
-            let _ = writeln!(
-                s,
-                "\n#[inline(always)]\nfn p{p}_{name}(v: &[V], o: &mut [V]) {{\n    \
-                 let v: &[V; {len}] = v[..{len}].try_into().expect(\"{len} coefficients\");\n    \
-                 let o: &mut [V; {len}] = (&mut o[..{len}]).try_into().expect(\"{len} coefficients\");\n    \
-                 for w in 0..M2L_LANES {{"
-            );
-            for r in 0..len {
-                let mut expr = String::from("0.0");
-                for e in m.start[r] as usize..m.start[r + 1] as usize {
-                    expr = format!("f64::mul_add({:?}, v[{}][w], {expr})", m.val[e], m.col[e]);
-                }
-                let _ = writeln!(s, "        o[{r}][w] = {expr};");
+        let mut s = String::from(
+            "\n/// `o = M v` lane by lane for matrix `which` on the rows of degree `N`, in\n\
+             /// straight-line code; false when degree `N` has none here.\n\
+             #[inline(always)]\n\
+             pub(super) fn apply_degree<const N: usize>(which: SwapMatrix, v: &[V], o: &mut [V]) -> bool {\n    \
+             match (N, which) {\n",
+        );
+        for n in 0..=self.p {
+            for (variant, name, _) in matrices {
+                let _ = writeln!(
+                    s,
+                    "        ({n}, SwapMatrix::{variant}) => d{n}_{name}(v, o),"
+                );
             }
-            let _ = writeln!(s, "    }}\n}}");
+        }
+        s.push_str("        _ => return false,\n    }\n    true\n}\n");
+        for n in 0..=self.p {
+            let base = 2 * cidx(n, 0);
+            let dim = 2 * n + 2;
+            for (_, name, m) in matrices {
+                let _ = writeln!(
+                    s,
+                    "\n#[inline(always)]\nfn d{n}_{name}(v: &[V], o: &mut [V]) {{\n    \
+                     let v: &[V; {dim}] = v[..{dim}].try_into().expect(\"{dim} rows\");\n    \
+                     let o: &mut [V; {dim}] = (&mut o[..{dim}]).try_into().expect(\"{dim} rows\");\n    \
+                     for w in 0..M2L_LANES {{"
+                );
+                for r in 0..dim {
+                    let mut expr = String::from("0.0");
+                    for e in m.start[base + r] as usize..m.start[base + r + 1] as usize {
+                        expr = format!(
+                            "f64::mul_add({:?}, v[{}][w], {expr})",
+                            m.val[e],
+                            m.col[e] as usize - base
+                        );
+                    }
+                    let _ = writeln!(s, "        o[{r}][w] = {expr};");
+                }
+                let _ = writeln!(s, "    }}\n}}");
+            }
         }
         s
     }
@@ -428,46 +448,23 @@ pub(super) enum SwapMatrix {
     UnswapLocal,
 }
 
-/// Orders whose swap matrices `swap_lanes` holds as straight-line code (past it,
-/// `apply_lanes` goes through the sparse rows; the code grows as p^3).
+/// Degrees whose swap matrices `swap_lanes` holds as straight-line code (past it,
+/// `swap_degree` goes through the sparse rows; the code grows as the degree squared).
 pub const STRAIGHT_LINE_ORDER: usize = 9;
 
-/// The text of src/fmm/swap_lanes.rs: `Operators::lanes_source` for orders 1 to
-/// `STRAIGHT_LINE_ORDER` and `apply`, which picks one by order and matrix.
+/// The text of src/fmm/swap_lanes.rs: `Operators::degree_source` for degrees 0 to
+/// `STRAIGHT_LINE_ORDER`.
 pub fn swap_lanes_source() -> String {
-    use std::fmt::Write;
     let mut s = String::from(
         "//! The swap rotations of the CPU's M2L (`expansion::m2l_lanes`) as straight-line code,\n\
-         //! their values inline: GENERATED by `expansion::swap_lanes_source`, do not edit by hand;\n\
-         //! `LEAPFMM_BLESS=1 cargo test --release --lib swap_lanes` rewrites it.\n\
+         //! degree by degree, their values inline: GENERATED by `expansion::swap_lanes_source`,\n\
+         //! do not edit by hand; `LEAPFMM_BLESS=1 cargo test --release --lib swap_lanes` rewrites it.\n\
          // Generated literals: the rotations' values to the last bit, some of them close to\n\
          // named constants.\n\
          #![allow(clippy::approx_constant, clippy::excessive_precision)]\n\n\
-         use super::expansion::{M2L_LANES, SwapMatrix, V};\n\n\
-         /// `o = M v` lane by lane for matrix `which` at order `P`, in straight-line code; false\n\
-         /// when order `P` has none here.\n\
-         #[inline(always)]\n\
-         pub(super) fn apply<const P: usize>(which: SwapMatrix, v: &[V], o: &mut [V]) -> bool {\n    \
-         match (P, which) {\n",
+         use super::expansion::{M2L_LANES, SwapMatrix, V};\n",
     );
-    let names = [
-        ("Swap", "swap"),
-        ("Unswap", "unswap"),
-        ("SwapLocal", "swap_local"),
-        ("UnswapLocal", "unswap_local"),
-    ];
-    for p in 1..=STRAIGHT_LINE_ORDER {
-        for (variant, name) in names {
-            let _ = writeln!(
-                s,
-                "        ({p}, SwapMatrix::{variant}) => p{p}_{name}(v, o),"
-            );
-        }
-    }
-    s.push_str("        _ => return false,\n    }\n    true\n}\n");
-    for p in 1..=STRAIGHT_LINE_ORDER {
-        s.push_str(&Operators::new(p).lanes_source());
-    }
+    s.push_str(&Operators::new(STRAIGHT_LINE_ORDER).degree_source());
     s
 }
 
@@ -510,11 +507,16 @@ fn m2l_lanes<const P: usize, const LEN: usize>(
             a[i][w] = m[i];
         }
     }
-    // M~ = T(S^-1) Tz(-θ) T(S) Tz(-φ) M.
-    rotate_z_lanes::<P>(&mut a, &cphi, &sphi);
-    swap::<P>(SwapMatrix::Swap, &ops.swap_flat, &a, &mut b);
-    rotate_z_lanes::<P>(&mut b, &cth, &sth);
-    swap::<P>(SwapMatrix::Unswap, &ops.unswap_flat, &b, &mut a);
+    // M~ = T(S^-1) Tz(-θ) T(S) Tz(-φ) M, degree by degree (rotations keep the degree).
+    let phi = cos_sin_multiples::<P>(&cphi, &sphi);
+    let theta = cos_sin_multiples::<P>(&cth, &sth);
+    let forward = (
+        SwapMatrix::Swap,
+        SwapMatrix::Unswap,
+        &ops.swap_flat,
+        &ops.unswap_flat,
+    );
+    each_degree!(P, rotate_degree, &mut a, &phi, &theta, forward);
     // Translation along +z: L~_k^l = (-1)^{k+l} Σ_n conj(M~_n^l) (n+k)!/rho^{n+k+1}.
     let mut pow = [[0.0f64; W]; MAX_ORDER + 2];
     pow[0] = inv_rho;
@@ -547,10 +549,13 @@ fn m2l_lanes<const P: usize, const LEN: usize>(
         }
     }
     // L += Tz(-φ) U_S Tz(-θ) U_S^-1 L~ (the z rotations are symmetric under W).
-    swap::<P>(SwapMatrix::UnswapLocal, &ops.unswap_local_flat, &b, &mut a);
-    rotate_z_lanes::<P>(&mut a, &cth, &sth);
-    swap::<P>(SwapMatrix::SwapLocal, &ops.swap_local_flat, &a, &mut b);
-    rotate_z_lanes::<P>(&mut b, &cphi, &sphi);
+    let back = (
+        SwapMatrix::UnswapLocal,
+        SwapMatrix::SwapLocal,
+        &ops.unswap_local_flat,
+        &ops.swap_local_flat,
+    );
+    each_degree!(P, rotate_back_degree, &mut b, &theta, &phi, back);
     // All lanes share the target: sum them in a fixed order.
     for i in 0..len {
         let mut sum = 0.0;
@@ -561,46 +566,108 @@ fn m2l_lanes<const P: usize, const LEN: usize>(
     }
 }
 
-/// `out = M v` for swap matrix `which` (whose sparse rows are `m`) at order `P`: straight-line
-/// code up to `STRAIGHT_LINE_ORDER` (each sparse entry took a column load, a value load and
-/// the loop's bookkeeping for one multiply-add), the sparse rows past it; the same bits.
-#[inline(always)]
-fn swap<const P: usize>(which: SwapMatrix, m: &SparseRows, v: &[V], out: &mut [V]) {
-    if !super::swap_lanes::apply::<P>(which, v, out) {
-        apply_lanes(m, real_len(P), v, out);
-    }
+/// Calls `$f::<N, 2N + 2>($args)` for every degree N up to the order `$p`.
+macro_rules! each_degree {
+    ($p:expr, $f:ident, $($arg:expr),*) => {
+        $f::<0, 2>($($arg),*);
+        if $p >= 1 { $f::<1, 4>($($arg),*); }
+        if $p >= 2 { $f::<2, 6>($($arg),*); }
+        if $p >= 3 { $f::<3, 8>($($arg),*); }
+        if $p >= 4 { $f::<4, 10>($($arg),*); }
+        if $p >= 5 { $f::<5, 12>($($arg),*); }
+        if $p >= 6 { $f::<6, 14>($($arg),*); }
+        if $p >= 7 { $f::<7, 16>($($arg),*); }
+        if $p >= 8 { $f::<8, 18>($($arg),*); }
+        if $p >= 9 { $f::<9, 20>($($arg),*); }
+        if $p >= 10 { $f::<10, 22>($($arg),*); }
+        if $p >= 11 { $f::<11, 24>($($arg),*); }
+        if $p >= 12 { $f::<12, 26>($($arg),*); }
+    };
 }
+use each_degree;
 
-/// `out = M v`, lane by lane.
+/// (cos mα, sin mα) for m = 0..=P, lane by lane, by the recursion of products
+/// (the rotations' factors e^{imα}).
 #[inline(always)]
-fn apply_lanes(m: &SparseRows, len: usize, v: &[V], out: &mut [V]) {
-    for (r, row) in out.iter_mut().enumerate().take(len) {
-        let mut sum = [0.0f64; M2L_LANES];
-        for e in m.start[r] as usize..m.start[r + 1] as usize {
-            let (a, src) = (m.val[e], &v[m.col[e] as usize]);
-            for w in 0..M2L_LANES {
-                sum[w] = a.mul_add(src[w], sum[w]);
-            }
-        }
-        *row = sum;
-    }
-}
-
-/// Multiplies each c_n^m by e^{imα}, lane by lane, given (cos α, sin α) per lane.
-#[inline(always)]
-fn rotate_z_lanes<const P: usize>(v: &mut [V], c: &V, s: &V) {
+fn cos_sin_multiples<const P: usize>(c: &V, s: &V) -> [(V, V); MAX_ORDER + 1] {
+    let mut out = [([1.0f64; M2L_LANES], [0.0f64; M2L_LANES]); MAX_ORDER + 1];
     let (mut cm, mut sm) = ([1.0f64; M2L_LANES], [0.0f64; M2L_LANES]);
-    for m in 1..=P {
+    for entry in out.iter_mut().take(P + 1).skip(1) {
         for w in 0..M2L_LANES {
             (cm[w], sm[w]) = (cm[w] * c[w] - sm[w] * s[w], sm[w] * c[w] + cm[w] * s[w]);
         }
-        for n in m..=P {
-            let k = cidx(n, m);
-            for w in 0..M2L_LANES {
-                let (re, im) = (v[2 * k][w], v[2 * k + 1][w]);
-                v[2 * k][w] = re * cm[w] - im * sm[w];
-                v[2 * k + 1][w] = re * sm[w] + im * cm[w];
+        *entry = (cm, sm);
+    }
+    out
+}
+
+/// Multiplies each degree-N coefficient `v[2m], v[2m + 1]` (re, im of m) by e^{imα}.
+#[inline(always)]
+fn rotate_z_degree<const N: usize, const D: usize>(v: &mut [V; D], cs: &[(V, V); MAX_ORDER + 1]) {
+    for m in 1..=N {
+        let (cm, sm) = &cs[m];
+        for w in 0..M2L_LANES {
+            let (re, im) = (v[2 * m][w], v[2 * m + 1][w]);
+            v[2 * m][w] = re * cm[w] - im * sm[w];
+            v[2 * m + 1][w] = re * sm[w] + im * cm[w];
+        }
+    }
+}
+
+/// `v_N = second · Rz(second angle) · first · Rz(first angle) v_N` on the rows of degree N.
+#[inline(always)]
+fn rotate_degree<const N: usize, const D: usize>(
+    v: &mut [V],
+    first_angle: &[(V, V); MAX_ORDER + 1],
+    second_angle: &[(V, V); MAX_ORDER + 1],
+    (first, second, first_rows, second_rows): (SwapMatrix, SwapMatrix, &SparseRows, &SparseRows),
+) {
+    let base = 2 * cidx(N, 0);
+    let rows: &mut [V; D] = (&mut v[base..base + D])
+        .try_into()
+        .expect("a degree's rows");
+    let mut x = *rows;
+    rotate_z_degree::<N, D>(&mut x, first_angle);
+    let mut y = [[0.0f64; M2L_LANES]; D];
+    swap_degree::<N>(first, first_rows, &x, &mut y);
+    rotate_z_degree::<N, D>(&mut y, second_angle);
+    swap_degree::<N>(second, second_rows, &y, rows);
+}
+
+/// `v_N = Rz(second angle) · second · Rz(first angle) · first v_N` on the rows of degree N.
+#[inline(always)]
+fn rotate_back_degree<const N: usize, const D: usize>(
+    v: &mut [V],
+    first_angle: &[(V, V); MAX_ORDER + 1],
+    second_angle: &[(V, V); MAX_ORDER + 1],
+    (first, second, first_rows, second_rows): (SwapMatrix, SwapMatrix, &SparseRows, &SparseRows),
+) {
+    let base = 2 * cidx(N, 0);
+    let rows: &mut [V; D] = (&mut v[base..base + D])
+        .try_into()
+        .expect("a degree's rows");
+    let mut x = [[0.0f64; M2L_LANES]; D];
+    swap_degree::<N>(first, first_rows, rows, &mut x);
+    rotate_z_degree::<N, D>(&mut x, first_angle);
+    swap_degree::<N>(second, second_rows, &x, rows);
+    rotate_z_degree::<N, D>(rows, second_angle);
+}
+
+/// `out = M v` on the rows of degree N: straight-line code where `swap_lanes` has it, the
+/// sparse rows `m` otherwise; the same bits.
+#[inline(always)]
+fn swap_degree<const N: usize>(which: SwapMatrix, m: &SparseRows, v: &[V], out: &mut [V]) {
+    if !super::swap_lanes::apply_degree::<N>(which, v, out) {
+        let base = 2 * cidx(N, 0);
+        for (r, row) in out.iter_mut().enumerate().take(2 * N + 2) {
+            let mut sum = [0.0f64; M2L_LANES];
+            for e in m.start[base + r] as usize..m.start[base + r + 1] as usize {
+                let (a, src) = (m.val[e], &v[m.col[e] as usize - base]);
+                for w in 0..M2L_LANES {
+                    sum[w] = a.mul_add(src[w], sum[w]);
+                }
             }
+            *row = sum;
         }
     }
 }
