@@ -481,11 +481,9 @@ fn m2l_lanes<const P: usize, const LEN: usize>(
     r: &[[f64; 3]; M2L_LANES],
     multipoles: &[&[f64]; M2L_LANES],
     local: &mut [f64],
+    transposer: impl Transpose,
 ) {
     const W: usize = M2L_LANES;
-    let len = LEN;
-    let mut a = [[0.0f64; W]; LEN];
-    let mut b = [[0.0f64; W]; LEN];
     // Geometry per lane.
     let (mut cphi, mut sphi, mut cth, mut sth, mut inv_rho) =
         ([0.0; W], [0.0; W], [0.0; W], [0.0; W], [0.0; W]);
@@ -501,12 +499,7 @@ fn m2l_lanes<const P: usize, const LEN: usize>(
         (cth[w], sth[w]) = (r[w][2] / rho, rxy / rho);
         inv_rho[w] = 1.0 / rho;
     }
-    // Gather (transpose) the multipoles.
-    for (w, m) in multipoles.iter().enumerate() {
-        for i in 0..len {
-            a[i][w] = m[i];
-        }
-    }
+    let mut a = gather_lanes::<LEN>(multipoles, transposer);
     // M~ = T(S^-1) Tz(-θ) T(S) Tz(-φ) M, degree by degree (rotations keep the degree).
     let phi = cos_sin_multiples::<P>(&cphi, &sphi);
     let theta = cos_sin_multiples::<P>(&cth, &sth);
@@ -518,24 +511,28 @@ fn m2l_lanes<const P: usize, const LEN: usize>(
     );
     each_degree!(P, rotate_degree, &mut a, &phi, &theta, forward);
     // Translation along +z: L~_k^l = (-1)^{k+l} Σ_n conj(M~_n^l) (n+k)!/rho^{n+k+1}.
+    // (n + k)! / rho^(n + k + 1) for n + k = 0..=P + 1.
     let mut pow = [[0.0f64; W]; MAX_ORDER + 2];
+    let mut factor = [[0.0f64; W]; MAX_ORDER + 2];
     pow[0] = inv_rho;
-    for s in 1..=P + 1 {
+    for s in 0..=P + 1 {
+        if s > 0 {
+            for w in 0..W {
+                pow[s][w] = pow[s - 1][w] * inv_rho[w];
+            }
+        }
         for w in 0..W {
-            pow[s][w] = pow[s - 1][w] * inv_rho[w];
+            factor[s][w] = ops.factorial[s] * pow[s][w];
         }
     }
-    for row in b.iter_mut().take(len) {
-        *row = [0.0; W];
-    }
+    let mut b = [[0.0f64; W]; LEN];
     for l in 0..=P {
         for k in l..=P - l {
             let (mut re, mut im) = ([0.0f64; W], [0.0f64; W]);
             for n in l..=P - k {
                 let c = cidx(n, l);
-                let f = ops.factorial[n + k];
                 for w in 0..W {
-                    let fw = f * pow[n + k][w];
+                    let fw = factor[n + k][w];
                     re[w] += a[2 * c][w] * fw;
                     im[w] -= a[2 * c + 1][w] * fw;
                 }
@@ -557,10 +554,143 @@ fn m2l_lanes<const P: usize, const LEN: usize>(
     );
     each_degree!(P, rotate_back_degree, &mut b, &theta, &phi, back);
     // All lanes share the target: sum them in a fixed order.
-    for i in 0..len {
+    sum_lanes_into(&b, local, transposer);
+}
+
+/// An 8 × 8 transposition of f64 values: the one data movement of the M2L that the
+/// compiler did not turn into vector code by itself. Every build moves the same values, so
+/// the bits do not depend on which one runs.
+trait Transpose: Copy {
+    /// `out[k][w] = rows[w][k]`.
+    fn transpose(self, rows: [&[f64; M2L_LANES]; M2L_LANES]) -> [V; M2L_LANES];
+}
+
+/// Transposition in plain Rust (the AVX2 and portable builds).
+#[derive(Clone, Copy)]
+struct Portable;
+
+impl Transpose for Portable {
+    #[inline(always)]
+    fn transpose(self, rows: [&[f64; M2L_LANES]; M2L_LANES]) -> [V; M2L_LANES] {
+        std::array::from_fn(|k| std::array::from_fn(|w| rows[w][k]))
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod transpose {
+    use super::{M2L_LANES, Transpose, V};
+    use std::arch::x86_64::*;
+
+    /// Transposition in 24 AVX-512 shuffles (unpack pairs, then 256- and 512-bit halves).
+    /// Only the AVX-512 build of the lane kernels holds one.
+    #[derive(Clone, Copy)]
+    pub(super) struct Avx512;
+
+    impl Transpose for Avx512 {
+        #[inline(always)]
+        fn transpose(self, rows: [&[f64; M2L_LANES]; M2L_LANES]) -> [V; M2L_LANES] {
+            // SAFETY: `Avx512` is only handed to the lane kernels compiled with AVX-512F,
+            // which run only on a CPU that has it; the loads and stores are of whole
+            // 8-value arrays.
+            unsafe {
+                let r: [__m512d; 8] = std::array::from_fn(|w| _mm512_loadu_pd(rows[w].as_ptr()));
+                let t: [__m512d; 8] = std::array::from_fn(|i| {
+                    let (x, y) = (r[2 * (i / 2)], r[2 * (i / 2) + 1]);
+                    if i % 2 == 0 {
+                        _mm512_unpacklo_pd(x, y)
+                    } else {
+                        _mm512_unpackhi_pd(x, y)
+                    }
+                });
+                // u[0..4] from rows 0-3, u[4..8] from rows 4-7: columns (0, 4), (1, 5),
+                // (2, 6), (3, 7) in 128-bit pieces.
+                let u = [
+                    _mm512_shuffle_f64x2::<0x88>(t[0], t[2]),
+                    _mm512_shuffle_f64x2::<0x88>(t[1], t[3]),
+                    _mm512_shuffle_f64x2::<0xdd>(t[0], t[2]),
+                    _mm512_shuffle_f64x2::<0xdd>(t[1], t[3]),
+                    _mm512_shuffle_f64x2::<0x88>(t[4], t[6]),
+                    _mm512_shuffle_f64x2::<0x88>(t[5], t[7]),
+                    _mm512_shuffle_f64x2::<0xdd>(t[4], t[6]),
+                    _mm512_shuffle_f64x2::<0xdd>(t[5], t[7]),
+                ];
+                let out = [
+                    _mm512_shuffle_f64x2::<0x88>(u[0], u[4]),
+                    _mm512_shuffle_f64x2::<0x88>(u[1], u[5]),
+                    _mm512_shuffle_f64x2::<0x88>(u[2], u[6]),
+                    _mm512_shuffle_f64x2::<0x88>(u[3], u[7]),
+                    _mm512_shuffle_f64x2::<0xdd>(u[0], u[4]),
+                    _mm512_shuffle_f64x2::<0xdd>(u[1], u[5]),
+                    _mm512_shuffle_f64x2::<0xdd>(u[2], u[6]),
+                    _mm512_shuffle_f64x2::<0xdd>(u[3], u[7]),
+                ];
+                let mut v = [[0.0f64; M2L_LANES]; M2L_LANES];
+                for (o, x) in v.iter_mut().zip(out) {
+                    _mm512_storeu_pd(o.as_mut_ptr(), x);
+                }
+                v
+            }
+        }
+    }
+}
+
+/// The multipoles' coefficients lane by lane (row i: coefficient i of each lane), eight
+/// rows at a time by `Transpose` (one value at a time took a tenth of the M2L).
+#[inline(always)]
+fn gather_lanes<const LEN: usize>(
+    multipoles: &[&[f64]; M2L_LANES],
+    transposer: impl Transpose,
+) -> [V; LEN] {
+    const W: usize = M2L_LANES;
+    let m: [&[f64; LEN]; W] = std::array::from_fn(|w| {
+        multipoles[w][..LEN]
+            .try_into()
+            .expect("a multipole of real_len(P) values")
+    });
+    let mut a = [[0.0f64; W]; LEN];
+    let blocks = LEN / W;
+    for blk in 0..blocks {
+        let rows: [&[f64; W]; W] = std::array::from_fn(|w| {
+            m[w][blk * W..blk * W + W]
+                .try_into()
+                .expect("eight coefficients")
+        });
+        a[blk * W..blk * W + W].copy_from_slice(&transposer.transpose(rows));
+    }
+    for (i, row) in a.iter_mut().enumerate().skip(blocks * W) {
+        *row = std::array::from_fn(|w| m[w][i]);
+    }
+    a
+}
+
+/// Adds to `local[i]` the sum of row i's lanes, in lane order from zero, for every row of
+/// `lanes`: eight rows at a time transposed, so that the sums are vector additions.
+#[inline(always)]
+fn sum_lanes_into<const LEN: usize>(
+    lanes: &[V; LEN],
+    local: &mut [f64],
+    transposer: impl Transpose,
+) {
+    const W: usize = M2L_LANES;
+    let local: &mut [f64; LEN] = (&mut local[..LEN]).try_into().expect("a local expansion");
+    let blocks = LEN / W;
+    for blk in 0..blocks {
+        let rows: [&[f64; W]; W] = std::array::from_fn(|k| &lanes[blk * W + k]);
+        let columns = transposer.transpose(rows);
+        let mut sum = [0.0f64; W];
+        for column in columns {
+            for k in 0..W {
+                sum[k] += column[k];
+            }
+        }
+        for k in 0..W {
+            local[blk * W + k] += sum[k];
+        }
+    }
+    for i in blocks * W..LEN {
         let mut sum = 0.0;
         for w in 0..W {
-            sum += b[i][w];
+            sum += lanes[i][w];
         }
         local[i] += sum;
     }
@@ -707,7 +837,7 @@ macro_rules! by_order {
 
 /// Defines the three lane kernels compiled with one set of target features.
 macro_rules! lane_kernels {
-    ($attr:meta, $set:ident) => {
+    ($attr:meta, $set:ident, $transposer:expr) => {
         /// The lane kernels compiled for one instruction set; callers must make sure the CPU
         /// supports its features.
         mod $set {
@@ -723,7 +853,7 @@ macro_rules! lane_kernels {
                 l: &mut [f64],
                 p: usize,
             ) {
-                by_order!(p, m2l_lanes, ops, r, m, l)
+                by_order!(p, m2l_lanes, ops, r, m, l, $transposer)
             }
 
             /// # Safety
@@ -753,10 +883,14 @@ macro_rules! lane_kernels {
 }
 
 #[cfg(target_arch = "x86_64")]
-lane_kernels!(target_feature(enable = "avx512f,avx2,fma"), avx512);
+lane_kernels!(
+    target_feature(enable = "avx512f,avx2,fma"),
+    avx512,
+    super::transpose::Avx512
+);
 #[cfg(target_arch = "x86_64")]
-lane_kernels!(target_feature(enable = "avx2,fma"), avx2);
-lane_kernels!(inline, portable);
+lane_kernels!(target_feature(enable = "avx2,fma"), avx2, Portable);
+lane_kernels!(inline, portable, Portable);
 
 /// The widest build of the lane kernels this CPU runs. Every build gives the same bits: no
 /// FMA contraction and a fixed operation order.
@@ -1293,6 +1427,56 @@ mod lane_tests {
             "src/fmm/swap_lanes.rs is not the CPU's swap matrices; regenerate it with \
              LEAPFMM_BLESS=1 cargo test --release --lib swap_lanes"
         );
+    }
+
+    /// Every build of the M2L this CPU runs gives the same bits (the AVX-512 build moves
+    /// the lanes with its own shuffles; the arithmetic is the same in all of them).
+    #[test]
+    fn every_build_of_the_m2l_gives_the_same_bits() {
+        let mut seed = 11u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        };
+        let mut builds: Vec<M2lKernel> = vec![portable::m2l];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                builds.push(avx2::m2l);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                builds.push(avx512::m2l);
+            }
+        }
+        for p in [1, 3, 7, 9, 12] {
+            let ops = Operators::new(p);
+            let len = real_len(p);
+            let ms: Vec<Vec<f64>> = (0..M2L_LANES)
+                .map(|_| (0..len).map(|_| next()).collect())
+                .collect();
+            let refs: [&[f64]; M2L_LANES] = std::array::from_fn(|w| ms[w].as_slice());
+            let r: [[f64; 3]; M2L_LANES] =
+                std::array::from_fn(|_| [3.0 + next(), 2.0 * next(), -2.5 + next()]);
+            let outputs: Vec<Vec<u64>> = builds
+                .iter()
+                .map(|&m2l| {
+                    let mut local: Vec<f64> = (0..len).map(|i| i as f64 * 0.25).collect();
+                    // SAFETY: only the builds this CPU runs are listed.
+                    unsafe { m2l(&ops, &r, &refs, &mut local, p) };
+                    local.iter().map(|x| x.to_bits()).collect()
+                })
+                .collect();
+            for (b, out) in outputs.iter().enumerate().skip(1) {
+                assert_eq!(
+                    out, &outputs[0],
+                    "build {b} differs from the portable one at p = {p}"
+                );
+            }
+        }
     }
 
     #[test]
