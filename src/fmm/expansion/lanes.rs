@@ -493,17 +493,25 @@ fn regular_lanes<const P: usize, const LEN: usize>(x: &[[f64; 3]; M2L_LANES]) ->
     out
 }
 
-/// Coefficient (n, m) of a lane array for any m in -n..=n (real-source symmetry).
+/// Where coefficient (n, m) of a real-source expansion lies for any m in -n..=n, and the
+/// signs its real and imaginary parts take there.
 #[inline(always)]
-fn get_lanes(c: &[V], n: usize, m: isize) -> (V, V) {
-    let k = cidx(n, m.unsigned_abs());
-    let (re, im) = (c[2 * k], c[2 * k + 1]);
+fn signed_row(n: usize, m: isize) -> (usize, f64, f64) {
+    let c = cidx(n, m.unsigned_abs());
     if m >= 0 {
-        (re, im)
+        (c, 1.0, 1.0)
     } else if m % 2 == 0 {
-        (re, im.map(|x| -x))
+        (c, 1.0, -1.0)
     } else {
-        (re.map(|x| -x), im)
+        (c, -1.0, 1.0)
+    }
+}
+
+/// `acc += a x + b y` lane by lane (the products rounded, then summed, then added).
+#[inline(always)]
+fn add_products(acc: &mut V, a: f64, x: &V, b: f64, y: &V) {
+    for w in 0..M2L_LANES {
+        acc[w] += a * x[w] + b * y[w];
     }
 }
 
@@ -529,24 +537,37 @@ fn l2p_lanes<const P: usize, const LEN: usize>(
             }
         }
     }
+    // The gradient's terms in the order of the sum over l = -k..=k. The symmetry signs of
+    // R_d^(l) and L_k^l for negative orders are folded into the two scalar factors (a sign
+    // change is exact and commutes with a rounded product), so each term is two products of
+    // a scalar with a lane row and the sums keep their order: the same bits as summing the
+    // signed coefficients, in whole vectors.
+    // Three passes, one a component: each sum keeps its order, and the compiler keeps each
+    // pass in whole vectors (one pass for the three interleaved them into scalar code).
     let (mut l10, mut l11r, mut l11i) = ([0.0f64; W], [0.0f64; W], [0.0f64; W]);
     for k in 1..=P {
-        let d = k - 1;
-        for l in -(k as isize)..=(k as isize) {
-            let (lr, li) = get(local, k, l);
-            if l.unsigned_abs() <= d {
-                let (rr, ri) = get_lanes(&r, d, l);
-                for w in 0..W {
-                    l10[w] += lr * rr[w] + li * ri[w];
-                }
-            }
-            if (l - 1).unsigned_abs() <= d {
-                let (rr, ri) = get_lanes(&r, d, l - 1);
-                for w in 0..W {
-                    l11r[w] += lr * rr[w] + li * ri[w];
-                    l11i[w] += li * rr[w] - lr * ri[w];
-                }
-            }
+        let d = (k - 1) as isize;
+        for j in -d..=d {
+            let (lr, li) = get(local, k, j);
+            let (c, sr, si) = signed_row(k - 1, j);
+            add_products(&mut l10, sr * lr, &r[2 * c], si * li, &r[2 * c + 1]);
+        }
+    }
+    for k in 1..=P {
+        let d = (k - 1) as isize;
+        for j in -d..=d {
+            let (lr, li) = get(local, k, j + 1);
+            let (c, sr, si) = signed_row(k - 1, j);
+            add_products(&mut l11r, sr * lr, &r[2 * c], si * li, &r[2 * c + 1]);
+        }
+    }
+    for k in 1..=P {
+        let d = (k - 1) as isize;
+        for j in -d..=d {
+            let (lr, li) = get(local, k, j + 1);
+            let (c, sr, si) = signed_row(k - 1, j);
+            // x - y is x + (-y) in IEEE arithmetic: the same bits as the difference.
+            add_products(&mut l11i, sr * li, &r[2 * c], -(si * lr), &r[2 * c + 1]);
         }
     }
     std::array::from_fn(|w| [pot[w], -l11r[w], -l11i[w], l10[w]])
