@@ -118,10 +118,11 @@ pub struct GravityConfig {
     /// FMM opening angle parameter.
     #[serde(default = "default_theta")]
     pub theta: f64,
-    /// Relative force error the FMM holds every particle to (the error-controlled MAC);
-    /// 0 for the geometric MAC of `theta` alone.
-    #[serde(default)]
-    pub accuracy: f64,
+    /// Relative force error the FMM holds every particle to (the error-controlled MAC;
+    /// default `DEFAULT_ACCURACY`, `GravityConfig::accuracy`); 0 for the geometric MAC of
+    /// `theta` alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub accuracy: Option<f64>,
     /// Most particles in an FMM leaf.
     #[serde(default = "default_leaf_size")]
     pub leaf_size: i64,
@@ -138,7 +139,9 @@ pub struct GravityConfig {
     pub external: Vec<ExternalEntry>,
 }
 
-pub use crate::fmm::solver::{DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA, default_order};
+pub use crate::fmm::solver::{
+    DEFAULT_ACCURACY, DEFAULT_LEAF_SIZE, DEFAULT_ORDER, DEFAULT_THETA, default_order,
+};
 
 fn default_theta() -> f64 {
     DEFAULT_THETA
@@ -154,7 +157,13 @@ impl GravityConfig {
     /// The FMM expansion order: the one given, else the default for the accuracy target.
     pub fn order(&self) -> usize {
         self.order
-            .map_or_else(|| default_order(self.accuracy), |o| o.max(1) as usize)
+            .map_or_else(|| default_order(self.accuracy()), |o| o.max(1) as usize)
+    }
+
+    /// The accuracy target: the one given, else `DEFAULT_ACCURACY` (0: the opening angle
+    /// alone).
+    pub fn accuracy(&self) -> f64 {
+        self.accuracy.unwrap_or(DEFAULT_ACCURACY)
     }
 
     /// The softening this section describes.
@@ -656,10 +665,13 @@ fn validate_gravity(s: &SourceText, g: &GravityConfig) -> Result<(), ConfigError
             "the opening angle parameter must lie strictly between 0 and 1",
         ));
     }
-    if !(g.accuracy.is_finite() && (0.0..1.0).contains(&g.accuracy)) {
+    if let Some(accuracy) = g
+        .accuracy
+        .filter(|a| !(a.is_finite() && (0.0..1.0).contains(a)))
+    {
         return Err(s.invalid(
             "gravity.accuracy",
-            g.accuracy,
+            accuracy,
             "the accuracy target must be a relative error in [0, 1) (0: the opening angle alone)",
         ));
     }

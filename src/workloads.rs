@@ -86,14 +86,14 @@ impl Workload {
         }
     }
 
-    /// The default FMM settings at `n` particles: spline softening of `softening(n)`, the
-    /// workload's G.
+    /// The FMM settings of the opening angle alone (`FmmSettings::geometric`, the GPU
+    /// backend's) at `n` particles: spline softening of `softening(n)`, the workload's G.
     pub fn fmm_settings(self, n: usize) -> crate::fmm::FmmSettings {
         let softening = crate::gravity::Softening {
             kernel: crate::gravity::SofteningKernel::Spline,
             epsilon: self.softening(n),
         };
-        crate::fmm::FmmSettings::defaults(softening, self.g())
+        crate::fmm::FmmSettings::geometric(softening, self.g())
     }
 
     /// `n` particles (positions and masses; velocities zero), reproducible from `seed`.

@@ -31,6 +31,10 @@ fn small_disk_stays_in_equilibrium_with_block_steps() {
 
 /// Runs the small disk for three rotations with the `[integrator]` lines `integrator`
 /// (besides t_end) and checks its equilibrium between the first and the last snapshot.
+/// The forces use the opening angle alone (`accuracy = 0`): 150 000 particles for 650 steps
+/// take ~6 min at the default accuracy target, three times the suite's budget for a test;
+/// the same bounds at the default were measured once (issue 42's note), and the suite runs
+/// the default in the shorter runs (first_run, restart, block_steps, distributed_run).
 fn stays_in_equilibrium(name: &str, integrator: &str) {
     let model = ModelFile::load(&repo("ics/small_disk.toml")).unwrap();
     let galaxy = Galaxy::new(&model);
@@ -52,6 +56,7 @@ model = "{}"
 n = 150000
 [gravity]
 softening = 0.05
+accuracy = 0
 [integrator]
 t_end = {t_end}
 {integrator}

@@ -203,6 +203,9 @@ fn f64s(bytes: &[u8]) -> Vec<f64> {
         .collect()
 }
 
+/// The line that turns the default accuracy target off (the device walk has none yet).
+const NO_TARGET: &str = "accuracy = 0\n";
+
 /// Writes `dir/<name>.toml`: a run of the galaxy `ics` to t = 0.0004 (steps of at most
 /// 1e-4, a snapshot in f64 at the end), with `gravity` and `integrator` lines added.
 fn galaxy_run(dir: &Path, ics: &Path, name: &str, gravity: &str, integrator: &str) -> PathBuf {
@@ -213,11 +216,13 @@ fn galaxy_run(dir: &Path, ics: &Path, name: &str, gravity: &str, integrator: &st
     )
 }
 
-/// `galaxy_run`'s config text (its `[output]` table last, so lines can be added to it).
+/// `galaxy_run`'s config text (its `[output]` table last, so lines can be added to it). The
+/// CPU runs compared with the GPU's use the GPU's criterion, the opening angle alone
+/// (`accuracy = 0`, `NO_TARGET`).
 fn galaxy_text(ics: &Path, name: &str, gravity: &str, integrator: &str) -> String {
     format!(
         "name = \"{name}\"\noutput_dir = \"runs\"\n[ics]\nfile = \"{}\"\n\
-         [gravity]\nsoftening = 0.05\n{gravity}\n[integrator]\nt_end = 0.0004\ndt_max = 0.0001\n{integrator}\n\
+         [gravity]\nsoftening = 0.05\n{NO_TARGET}{gravity}\n[integrator]\nt_end = 0.0004\ndt_max = 0.0001\n{integrator}\n\
          [output]\nsnapshot_interval = 0.0004\nsnapshot_precision = \"double\"\n",
         ics.display()
     )
@@ -279,15 +284,35 @@ fn a_resident_run_on_the_emulated_gpu_follows_the_cpu_run_and_repeats_its_bits()
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
     let ics = galaxy(d, 3000);
+    // Without `gravity.accuracy`: the GPU backend's walk takes the opening angle alone
+    // (the bits of `accuracy = 0` below) and says so.
+    let default = galaxy_text(&ics, "gpu", "", "").replace(NO_TARGET, "");
     let gpu = run(
         d,
-        &galaxy_run(d, &ics, "gpu", "", ""),
+        &write(d, "gpu.toml", &default),
         &["--backend", "cuda"],
         1,
     );
     assert!(
         gpu.contains("the particles stay on the device between steps"),
         "{gpu}"
+    );
+    assert!(
+        gpu.contains("the GPU backend walks with the opening angle alone: it does not hold the default accuracy target (1e-3) (θ = 0.75, p = 7)"),
+        "{gpu}"
+    );
+    // Under `auto` a GPU does not take a run that keeps the default target.
+    let auto = run(
+        d,
+        &write(d, "auto.toml", &default.replace("\"gpu\"", "\"auto\"")),
+        &[],
+        1,
+    );
+    assert!(
+        auto.contains(
+            "auto: backend: cpu (auto: the GPU backend walks with the opening angle alone"
+        ),
+        "{auto}"
     );
     // Again with each launch's blocks and threads shuffled, as a GPU may run them.
     run_scheduled(

@@ -835,7 +835,7 @@ fn two_solvers_with_small_caps() -> (
     use leapfmm::gravity::GravitySolver;
     let settings = FmmSettings {
         leaf_size: 16,
-        ..FmmSettings::defaults(
+        ..FmmSettings::geometric(
             Softening {
                 kernel: SofteningKernel::Spline,
                 epsilon: 0.05,
@@ -1866,7 +1866,7 @@ fn a_galaxy_evaluation_needs_under_a_kilobyte_of_device_memory_per_particle() {
     )
     .unwrap();
     let (p, _) = leapfmm::ics::generate(&model, 200_000, 1);
-    let settings = FmmSettings::defaults(
+    let settings = FmmSettings::geometric(
         Softening {
             kernel: SofteningKernel::Spline,
             epsilon: 0.05,

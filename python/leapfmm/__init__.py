@@ -51,8 +51,9 @@ GALACTIC_G = 43009.17
 #: One galactic time unit (kpc / (km/s)) in Myr.
 MYR_PER_TIME_UNIT = 977.79222
 
-# Defaults of the command line (`leapfmm forces`): the geometric MAC at θ = 0.75, p = 7
-# (p = 9 with an accuracy target), leaves of 128 particles.
+# Defaults of the command line (`leapfmm forces`): the accuracy target 1e-3 (p = 9, θ at
+# most 0.75; accuracy 0: the geometric MAC at θ = 0.75, p = 7), leaves of 128 particles.
+_ACCURACY = 1e-3
 _THETA = 0.75
 _LEAF_SIZE = 128
 # Positions beyond this (in any unit) overflow an expansion (leapfmm::gravity::MAX_COORDINATE).
@@ -146,7 +147,7 @@ def accelerations(
     softening=0.0,
     kernel: str = "spline",
     G: float = 1.0,
-    accuracy: float = 0.0,
+    accuracy: float = _ACCURACY,
     theta: Optional[float] = None,
     order: Optional[int] = None,
     leaf_size: Optional[int] = None,
@@ -173,9 +174,10 @@ def accelerations(
         Gravitational constant (``leapfmm.GALACTIC_G`` for kpc, km/s, 1e10 Msun).
     accuracy : float
         Relative force error to aim for in every particle's force, the tail included
-        (0: the geometric criterion of ``theta`` alone, the command line's default).
+        (default 1e-3, as the command line's; 0: the geometric criterion of ``theta`` alone,
+        faster where the tail does not matter).
     theta, order, leaf_size : expert overrides
-        Opening angle (default 0.75), expansion order (7, or 9 with ``accuracy``), most
+        Opening angle (default 0.75), expansion order (9 with an accuracy target, 7 without), most
         particles per leaf (128).
     threads : int, optional
         Threads to use (default: all cores). The result has the same bits for any count.
@@ -291,7 +293,7 @@ class Simulation:
         eta: Optional[float] = None,
         dt_max: Optional[float] = None,
         scheme: str = "global",
-        accuracy: float = 0.0,
+        accuracy: float = _ACCURACY,
         theta: Optional[float] = None,
         order: Optional[int] = None,
         leaf_size: Optional[int] = None,

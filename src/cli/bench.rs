@@ -4,7 +4,7 @@
 use anyhow::{Context, Result};
 use clap::{Args, ValueEnum};
 use leapfmm::config::Precision;
-use leapfmm::config::{DEFAULT_LEAF_SIZE, DEFAULT_THETA, default_order};
+use leapfmm::config::{DEFAULT_ACCURACY, DEFAULT_LEAF_SIZE, DEFAULT_THETA, default_order};
 use leapfmm::fmm::caps::CapsPolicy;
 use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::solver::{Evaluation, magnitudes};
@@ -39,7 +39,7 @@ pub struct BenchArgs {
     #[arg(long, default_value_t = DEFAULT_THETA)]
     theta: f64,
     /// Relative force error the MAC aims for (0: the geometric MAC of --theta alone).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = DEFAULT_ACCURACY)]
     accuracy: f64,
     /// Leaf size.
     #[arg(long, default_value_t = DEFAULT_LEAF_SIZE)]
