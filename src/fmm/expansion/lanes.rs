@@ -544,33 +544,34 @@ fn l2p_lanes<const P: usize, const LEN: usize>(
     // signed coefficients, in whole vectors.
     // Three passes, one a component: each sum keeps its order, and the compiler keeps each
     // pass in whole vectors (one pass for the three interleaved them into scalar code).
-    let (mut l10, mut l11r, mut l11i) = ([0.0f64; W], [0.0f64; W], [0.0f64; W]);
-    for k in 1..=P {
-        let d = (k - 1) as isize;
-        for j in -d..=d {
-            let (lr, li) = get(local, k, j);
-            let (c, sr, si) = signed_row(k - 1, j);
-            add_products(&mut l10, sr * lr, &r[2 * c], si * li, &r[2 * c + 1]);
-        }
-    }
-    for k in 1..=P {
-        let d = (k - 1) as isize;
-        for j in -d..=d {
-            let (lr, li) = get(local, k, j + 1);
-            let (c, sr, si) = signed_row(k - 1, j);
-            add_products(&mut l11r, sr * lr, &r[2 * c], si * li, &r[2 * c + 1]);
-        }
-    }
-    for k in 1..=P {
-        let d = (k - 1) as isize;
-        for j in -d..=d {
-            let (lr, li) = get(local, k, j + 1);
-            let (c, sr, si) = signed_row(k - 1, j);
-            // x - y is x + (-y) in IEEE arithmetic: the same bits as the difference.
-            add_products(&mut l11i, sr * li, &r[2 * c], -(si * lr), &r[2 * c + 1]);
-        }
-    }
+    let l10 = gradient_sum::<P>(&r, local, 0, |lr, li, sr, si| (sr * lr, si * li));
+    let l11r = gradient_sum::<P>(&r, local, 1, |lr, li, sr, si| (sr * lr, si * li));
+    // x - y is x + (-y) in IEEE arithmetic: the same bits as the difference.
+    let l11i = gradient_sum::<P>(&r, local, 1, |lr, li, sr, si| (sr * li, -(si * lr)));
     std::array::from_fn(|w| [pot[w], -l11r[w], -l11i[w], l10[w]])
+}
+
+/// One component of the L2P gradient: Σ_{k=1..P} Σ_{j=-(k-1)..k-1} (a R_{k-1}^j.re +
+/// b R_{k-1}^j.im) over the lane rows `r`, with (a, b) = `factors(L_k^(j+shift), signs of
+/// R_{k-1}^j)` in that order of terms.
+#[inline(always)]
+fn gradient_sum<const P: usize>(
+    r: &[V],
+    local: &[f64],
+    shift: isize,
+    factors: impl Fn(f64, f64, f64, f64) -> (f64, f64),
+) -> V {
+    let mut sum = [0.0f64; M2L_LANES];
+    for k in 1..=P {
+        let d = (k - 1) as isize;
+        for j in -d..=d {
+            let (lr, li) = get(local, k, j + shift);
+            let (c, sr, si) = signed_row(k - 1, j);
+            let (a, b) = factors(lr, li, sr, si);
+            add_products(&mut sum, a, &r[2 * c], b, &r[2 * c + 1]);
+        }
+    }
+    sum
 }
 
 /// P2M for `M2L_LANES` points with masses `q` (zero for unused lanes): M += Σ q conj(R(y)),
