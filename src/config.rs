@@ -156,14 +156,26 @@ fn default_cap_growth() -> f64 {
 impl GravityConfig {
     /// The FMM expansion order: the one given, else the default for the accuracy target.
     pub fn order(&self) -> usize {
+        self.order_for(self.accuracy())
+    }
+
+    /// The expansion order at `accuracy`: the one given, else `default_order(accuracy)`.
+    pub fn order_for(&self, accuracy: f64) -> usize {
         self.order
-            .map_or_else(|| default_order(self.accuracy()), |o| o.max(1) as usize)
+            .map_or_else(|| default_order(accuracy), |o| o.max(1) as usize)
     }
 
     /// The accuracy target: the one given, else `DEFAULT_ACCURACY` (0: the opening angle
     /// alone).
     pub fn accuracy(&self) -> f64 {
         self.accuracy.unwrap_or(DEFAULT_ACCURACY)
+    }
+
+    /// The accuracy target the run holds on the GPU backend (`gpu`) or the CPU: the device
+    /// walk has no error test yet, so there it is 0 (a target the config asks for is
+    /// refused before, `simulation::choose_backend`).
+    pub fn accuracy_on(&self, gpu: bool) -> f64 {
+        if gpu { 0.0 } else { self.accuracy() }
     }
 
     /// The softening this section describes.

@@ -11,8 +11,7 @@ use super::options::RunOptions;
 use super::resume::{folder_verdict, load_checkpoint, lock_run_folder};
 use super::state::{Residence, Simulation};
 use crate::config::{
-    Backend, DEFAULT_ORDER, IcSource, RunSpec, SolverKind, StepScheme, default_order,
-    whole_multiple,
+    Backend, DEFAULT_ACCURACY, IcSource, RunSpec, SolverKind, StepScheme, whole_multiple,
 };
 use crate::distributed::comm::{Communicator, allgatherv, allreduce_sum};
 use crate::distributed::driver::DistributedFmm;
@@ -50,9 +49,12 @@ pub fn component_softening(spec: &RunSpec) -> Option<[f64; 4]> {
 }
 
 /// What the GPU backend does without an error test in its walk (issue 34): the default
-/// accuracy target (`DEFAULT_ACCURACY`) is not held there.
-const GPU_WITHOUT_TARGET: &str =
-    "walks with the opening angle alone: it does not hold the default accuracy target (1e-3)";
+/// accuracy target is not held there.
+fn gpu_without_target() -> String {
+    format!(
+        "walks with the opening angle alone: it does not hold the default accuracy target ({DEFAULT_ACCURACY:e})"
+    )
+}
 
 /// Where `spec`'s force passes run (`gravity.backend`, design §7): `auto` takes the GPUs
 /// for a run the GPU backend can do, else the CPU; `cuda` insists. Under `auto`,
@@ -80,9 +82,12 @@ pub fn choose_backend(spec: &RunSpec, thread_ranks: usize) -> Result<Chosen, Run
     // `auto` keeps the default accuracy target on a machine whose GPUs could take the run;
     // `cuda` trades it for the opening angle alone, and the run's log says so.
     Ok(match chosen {
-        Chosen::Cuda(_) if g.backend == Backend::Auto && g.accuracy.is_none() => Chosen::Cpu(
-            format!("auto: the GPU backend {GPU_WITHOUT_TARGET}; gravity.accuracy = 0 runs there"),
-        ),
+        Chosen::Cuda(_) if g.backend == Backend::Auto && g.accuracy.is_none() => {
+            Chosen::Cpu(format!(
+                "auto: the GPU backend {}; gravity.accuracy = 0 runs there",
+                gpu_without_target()
+            ))
+        }
         chosen => chosen,
     })
 }
@@ -115,14 +120,9 @@ pub fn make_solver<C: Communicator + 'static>(
                 .with_component_softening(component_softening),
         ),
         SolverKind::Fmm => {
-            // The GPU backend's walk has no error test: there the default target gives way
-            // to the opening angle (and its order); one the config asks for was refused.
-            let on_gpu = matches!(backend, Chosen::Cuda(_));
-            let accuracy = if on_gpu { 0.0 } else { gravity.accuracy() };
+            let accuracy = gravity.accuracy_on(matches!(backend, Chosen::Cuda(_)));
             let settings = FmmSettings {
-                order: gravity
-                    .order
-                    .map_or_else(|| default_order(accuracy), |o| o.max(1) as usize),
+                order: gravity.order_for(accuracy),
                 theta: gravity.theta,
                 accuracy,
                 leaf_size: gravity.leaf_size as usize,
@@ -300,10 +300,11 @@ impl<'a> Simulation<'a> {
             progress.note(&format!("{}: {}", c.name, backend.describe()));
             if matches!(backend, Chosen::Cuda(_)) && c.gravity.accuracy.is_none() {
                 progress.note(&format!(
-                    "{}: gravity: the GPU backend {GPU_WITHOUT_TARGET} (θ = {}, p = {}); set gravity.accuracy = 0 to say so, or backend = \"cpu\" for the target",
+                    "{}: gravity: the GPU backend {} (θ = {}, p = {}); set gravity.accuracy = 0 to say so, or backend = \"cpu\" for the target",
                     c.name,
+                    gpu_without_target(),
                     c.gravity.theta,
-                    c.gravity.order.unwrap_or(DEFAULT_ORDER as i64)
+                    c.gravity.order_for(0.0)
                 ));
             }
         }
