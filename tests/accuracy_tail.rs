@@ -5,7 +5,7 @@
 //! max ≤ 10 × accuracy and aggL2 ≤ 0.3 × accuracy, at 1e-3, 1e-4 and 1e-5 with 1e4
 //! particles, and at the default (1e-3) with 1e5.
 
-use leapfmm::fmm::solver::{DEFAULT_ACCURACY, Evaluation, default_order, magnitudes};
+use leapfmm::fmm::solver::{DEFAULT_ACCURACY, Evaluation, default_order, expected_accelerations};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::accuracy::{AccuracyStats, Reference, sample_indices, tail_indices};
 use leapfmm::gravity::{Softening, SofteningKernel};
@@ -187,7 +187,7 @@ fn active_particles_of_a_block_step_get_the_accuracy_too() {
     for &i in &tail {
         active[i] = true;
     }
-    let expected = magnitudes(&acc);
+    let expected = expected_accelerations(&acc);
     let marker = [7.0; 3];
     for (a, &on) in acc.iter_mut().zip(&active) {
         if on {

@@ -8,7 +8,9 @@ use crate::forces::{Forces, kernel_of, rows, to_numpy, values, vectors};
 use crate::{guarded, value_error};
 use leapfmm::config::Precision;
 use leapfmm::fmm::presets::PresetsStore;
-use leapfmm::fmm::solver::{Evaluation, FmmSettings, FmmSolver, default_order, magnitudes};
+use leapfmm::fmm::solver::{
+    Evaluation, FmmSettings, FmmSolver, default_order, expected_accelerations, magnitudes,
+};
 use leapfmm::gravity::{Softening, active_flags, check_finite};
 use leapfmm::integrate::block::{BlockKeeper, cycle};
 use leapfmm::integrate::diagnostics::Conserved;
@@ -104,7 +106,7 @@ impl Simulation {
     fn forces(&mut self, first: bool, active: Option<&[u32]>) -> PyResult<()> {
         check_finite(&self.particles).map_err(value_error)?;
         let p = &mut self.particles;
-        let expected = (!first).then(|| magnitudes(&p.acc));
+        let expected = (!first).then(|| expected_accelerations(&p.acc));
         let flags = active.map(|rows| active_flags(rows, p.len()));
         let with = Evaluation {
             expected_accel: expected.as_deref(),

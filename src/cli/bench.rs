@@ -7,7 +7,7 @@ use leapfmm::config::Precision;
 use leapfmm::config::{DEFAULT_ACCURACY, DEFAULT_LEAF_SIZE, DEFAULT_THETA, default_order};
 use leapfmm::fmm::caps::CapsPolicy;
 use leapfmm::fmm::p2p::NearFieldPrecision;
-use leapfmm::fmm::solver::{Evaluation, magnitudes};
+use leapfmm::fmm::solver::{Evaluation, expected_accelerations};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::accuracy::{Reference, sample_indices, tail_indices};
 use leapfmm::gravity::{Softening, SofteningKernel};
@@ -151,7 +151,7 @@ fn measure(w: Workload, n: usize, knobs: Knobs, (compare_m, tail): (usize, usize
     let mut acc = vec![[0.0; 3]; n];
     let mut pot = vec![0.0; n];
     let first = solver.evaluate(&p.pos, &p.mass, &p.id, &mut acc, &mut pot)?;
-    let expected = magnitudes(&acc);
+    let expected = expected_accelerations(&acc);
     let with = Evaluation {
         expected_accel: Some(&expected),
         ..Evaluation::default()

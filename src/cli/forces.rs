@@ -18,7 +18,7 @@ use leapfmm::fmm::caps::CapsPolicy;
 use leapfmm::fmm::expansion::MAX_ORDER;
 use leapfmm::fmm::p2p::NearFieldPrecision;
 use leapfmm::fmm::presets::PresetsStore;
-use leapfmm::fmm::solver::{Evaluation, magnitudes};
+use leapfmm::fmm::solver::{Evaluation, expected_accelerations};
 use leapfmm::fmm::{FmmSettings, FmmSolver};
 use leapfmm::gravity::accuracy::{AccuracyStats, Reference, sample_indices, tail_indices};
 use leapfmm::gravity::{GravitySolver, Softening, SofteningKernel};
@@ -336,7 +336,7 @@ fn single_rank(
     for k in 0..args.repeat {
         let start = Instant::now();
         // Repeats expect the last evaluation's accelerations, as a run's steps do.
-        let expected = (k > 0).then(|| magnitudes(&acc));
+        let expected = (k > 0).then(|| expected_accelerations(&acc));
         // In place: one copy of the forces at the peak (memory is what bounds N here).
         let with = Evaluation {
             expected_accel: expected.as_deref(),

@@ -16,7 +16,7 @@ use crate::fmm::FmmStats;
 use crate::fmm::backend::{DevicePasses, ResidentPasses};
 use crate::fmm::caps::{CapKind, Caps};
 use crate::fmm::presets::PresetsStore;
-use crate::fmm::solver::{Evaluation, magnitudes};
+use crate::fmm::solver::{Evaluation, expected_accelerations};
 use crate::fmm::{FmmSettings, FmmSolver};
 use crate::gravity::{
     ForceReport, GravityError, GravitySolver, ResidentState, active_flags, check_finite,
@@ -206,7 +206,7 @@ impl<C: Communicator> DistributedFmm<C> {
                 f64::from(u8::from(known)),
             ];
             let sums = allreduce_sum(comm, &local).map_err(comm_err)?;
-            let expected = (sums[1] > 0.0).then(|| magnitudes(&particles.acc));
+            let expected = (sums[1] > 0.0).then(|| expected_accelerations(&particles.acc));
             (expected, Some(sums[0]))
         } else {
             (None, None)

@@ -8,11 +8,31 @@ use super::p2p::NearScratch;
 use super::solver::FmmSolver;
 use super::tree::{Cell, Tree};
 use rayon::prelude::*;
+use std::time::Instant;
 
 /// `a - b`.
 #[inline]
 fn sub(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
     [a[0] - b[0], a[1] - b[1], a[2] - b[2]]
+}
+
+/// The parents' local expansions, for L2L into their children.
+struct Downward<'a> {
+    p: usize,
+    len: usize,
+    cells: &'a [Cell],
+    slot: &'a [u32],
+    locals: &'a [f64],
+}
+
+impl Downward<'_> {
+    /// Adds the local expansion of `cell`'s parent, shifted to `cell`, to `local`.
+    fn add_parents(&self, cell: &Cell, local: &mut [f64], scratch: &mut [f64]) {
+        let parent = &self.cells[cell.parent as usize];
+        let off = self.slot[cell.parent as usize] as usize * self.len;
+        let s = sub(cell.centre, parent.centre);
+        expansion::l2l(self.p, s, &self.locals[off..off + self.len], local, scratch);
+    }
 }
 
 /// P2M of a leaf's particles into `m`, in batches of `M2L_LANES`.
@@ -114,61 +134,90 @@ impl FmmSolver {
         }
     }
 
-    /// Every cell's local expansion from the multipoles on its M2L list.
-    pub(super) fn m2l_pass(&mut self, len: usize) {
-        let cells = self.tree.own_cells;
-        self.locals.clear();
-        self.locals.resize(cells * len, 0.0);
-        let (tree, ops, list, multipoles) = (&self.tree, &self.ops, &self.m2l, &self.multipoles);
-        let zero = vec![0.0; len];
-        self.locals
-            .par_chunks_mut(len)
-            .enumerate()
-            .with_min_len(16)
-            .for_each(|(t, local)| {
-                let target = tree.cells[t].centre;
-                let mut sources = list.of(t);
-                for _ in 0..list.len_of(t).div_ceil(M2L_LANES) {
-                    // Unused lanes get an empty multipole at a harmless offset.
-                    let mut r = [[0.0, 0.0, 1.0]; M2L_LANES];
-                    let mut m: [&[f64]; M2L_LANES] = [&zero; M2L_LANES];
-                    for (w, s) in sources.by_ref().take(M2L_LANES).enumerate() {
-                        let c = tree.cells[s as usize].centre;
-                        r[w] = [target[0] - c[0], target[1] - c[1], target[2] - c[2]];
-                        m[w] = &multipoles[s as usize * len..(s as usize + 1) * len];
-                    }
-                    ops.m2l_batch(&r, &m, local);
-                }
-            });
+    /// Adds M2L from the multipoles on cell `t`'s list to `local`, `M2L_LANES` at a time.
+    fn m2l_into(&self, t: usize, len: usize, local: &mut [f64], zero: &[f64]) {
+        let (tree, list, multipoles) = (&self.tree, &self.m2l, &self.multipoles);
+        let target = tree.cells[t].centre;
+        let mut sources = list.of(t);
+        for _ in 0..list.len_of(t).div_ceil(M2L_LANES) {
+            // Unused lanes get an empty multipole at a harmless offset.
+            let mut r = [[0.0, 0.0, 1.0]; M2L_LANES];
+            let mut m: [&[f64]; M2L_LANES] = [zero; M2L_LANES];
+            for (w, s) in sources.by_ref().take(M2L_LANES).enumerate() {
+                let c = tree.cells[s as usize].centre;
+                r[w] = [target[0] - c[0], target[1] - c[1], target[2] - c[2]];
+                m[w] = &multipoles[s as usize * len..(s as usize + 1) * len];
+            }
+            self.ops.m2l_batch(&r, &m, local);
+        }
     }
 
-    /// Passes local expansions down, level by level.
+    /// Numbers the own cells that have children: `locals` holds only theirs (a leaf's local
+    /// expansion is summed in `leaf_pass` and used at once, ~7/8 of the cells: 23 bytes a
+    /// particle at p = 9).
+    fn number_internal_cells(&mut self) {
+        let cells = &self.tree.cells[..self.tree.own_cells];
+        self.internal.clear();
+        self.internal
+            .extend((0..cells.len() as u32).filter(|&c| !cells[c as usize].is_leaf()));
+        self.local_slot.clear();
+        self.local_slot.resize(cells.len(), u32::MAX);
+        for (slot, &c) in self.internal.iter().enumerate() {
+            self.local_slot[c as usize] = slot as u32;
+        }
+    }
+
+    /// The local expansion of every own cell that has children, from the multipoles on its
+    /// M2L list.
+    pub(super) fn m2l_pass(&mut self, len: usize) {
+        self.number_internal_cells();
+        let mut locals = std::mem::take(&mut self.locals);
+        locals.clear();
+        locals.resize(self.internal.len() * len, 0.0);
+        let zero = vec![0.0; len];
+        locals
+            .par_chunks_mut(len)
+            .zip(self.internal.par_iter())
+            .with_min_len(16)
+            .for_each(|(local, &t)| self.m2l_into(t as usize, len, local, &zero));
+        self.locals = locals;
+    }
+
+    /// Passes local expansions down the cells that have children, level by level.
     pub(super) fn l2l_pass(&mut self, len: usize) {
-        let p = self.settings.order;
+        let mut locals = std::mem::take(&mut self.locals);
         let tree = &self.tree;
         for level in 1..tree.depth() {
             let (lo, hi) = (tree.level_start[level], tree.level_start[level + 1]);
-            let (above, rest) = self.locals.split_at_mut(lo * len);
-            let this_level = &mut rest[..(hi - lo) * len];
-            let above: &[f64] = above;
+            let first = self.internal.partition_point(|&c| (c as usize) < lo);
+            let last = self.internal.partition_point(|&c| (c as usize) < hi);
+            // The parents are on the levels above: their slots come before `first`.
+            let (above, rest) = locals.split_at_mut(first * len);
+            let down = self.downward(above, len);
             let targets = &self.targets;
-            this_level.par_chunks_mut(len).enumerate().for_each_init(
-                || vec![0.0; len],
-                |scratch, (i, local)| {
-                    if targets.get(lo + i) == Some(&false) {
-                        return;
-                    }
-                    let cell = &tree.cells[lo + i];
-                    let parent = &tree.cells[cell.parent as usize];
-                    let s = [
-                        cell.centre[0] - parent.centre[0],
-                        cell.centre[1] - parent.centre[1],
-                        cell.centre[2] - parent.centre[2],
-                    ];
-                    let off = cell.parent as usize * len;
-                    expansion::l2l(p, s, &above[off..off + len], local, scratch);
-                },
-            );
+            rest[..(last - first) * len]
+                .par_chunks_mut(len)
+                .zip(self.internal[first..last].par_iter())
+                .for_each_init(
+                    || vec![0.0; len],
+                    |scratch, (local, &c)| {
+                        if targets.get(c as usize) != Some(&false) {
+                            down.add_parents(&tree.cells[c as usize], local, scratch);
+                        }
+                    },
+                );
+        }
+        self.locals = locals;
+    }
+
+    /// L2L from the parents' local expansions in `locals` (slots of `local_slot`).
+    fn downward<'a>(&'a self, locals: &'a [f64], len: usize) -> Downward<'a> {
+        Downward {
+            p: self.settings.order,
+            len,
+            cells: &self.tree.cells,
+            slot: &self.local_slot,
+            locals,
         }
     }
 
@@ -191,31 +240,50 @@ impl FmmSolver {
         out
     }
 
-    /// Evaluates each leaf's local expansion at its particles, writing `acc` and `pot` (in
-    /// tree order; the particles of leaves that are not targets are left as they are).
-    pub(super) fn l2p_pass(&self, len: usize, acc: &mut [[f64; 3]], pot: &mut [f64]) {
+    /// Each target leaf's local expansion — M2L from its list, then L2L from its parent, the
+    /// operations `m2l_pass` and `l2l_pass` do for the other cells, in the same order —
+    /// evaluated at once at its particles (L2P), writing `acc` and `pot` (in tree order; the
+    /// particles of leaves that are not targets are left as they are). Returns the threads'
+    /// seconds in M2L and in L2L + L2P, to tell the phases apart.
+    pub(super) fn leaf_pass(&self, len: usize, acc: &mut [[f64; 3]], pot: &mut [f64]) -> [f64; 2] {
         let g = self.settings.g;
-        let (tree, locals, ops) = (&self.tree, &self.locals, &self.ops);
+        let (tree, ops) = (&self.tree, &self.ops);
         let targets = &self.targets;
+        let down = self.downward(&self.locals, len);
+        let zero = vec![0.0; len];
         Self::leaf_slices(tree, acc, pot)
             .into_par_iter()
             .filter(|(leaf, _, _)| targets.get(*leaf as usize) != Some(&false))
-            .for_each(|(leaf, acc, pot)| {
-                let cell = &tree.cells[leaf as usize];
-                let local = &locals[leaf as usize * len..(leaf as usize + 1) * len];
-                let particles = &tree.pos[cell.begin as usize..cell.end as usize];
-                for (b, x) in particles.chunks(M2L_LANES).enumerate() {
-                    let y = std::array::from_fn(|w| {
-                        x.get(w).map_or([0.0; 3], |x| sub(*x, cell.centre))
-                    });
-                    let out = ops.l2p_batch(&y, local);
-                    for (w, o) in out.iter().take(x.len()).enumerate() {
-                        let k = b * M2L_LANES + w;
-                        acc[k] = [g * o[1], g * o[2], g * o[3]];
-                        pot[k] = -g * o[0];
+            .map_init(
+                || (vec![0.0; len], vec![0.0; len]),
+                |(local, scratch), (leaf, acc, pot)| {
+                    let start = Instant::now();
+                    let cell = &tree.cells[leaf as usize];
+                    local.fill(0.0);
+                    self.m2l_into(leaf as usize, len, local, &zero);
+                    let m2l_done = Instant::now();
+                    if cell.level > 0 {
+                        down.add_parents(cell, local, scratch);
                     }
-                }
-            });
+                    let particles = &tree.pos[cell.begin as usize..cell.end as usize];
+                    for (b, x) in particles.chunks(M2L_LANES).enumerate() {
+                        let y = std::array::from_fn(|w| {
+                            x.get(w).map_or([0.0; 3], |x| sub(*x, cell.centre))
+                        });
+                        let out = ops.l2p_batch(&y, local);
+                        for (w, o) in out.iter().take(x.len()).enumerate() {
+                            let k = b * M2L_LANES + w;
+                            acc[k] = [g * o[1], g * o[2], g * o[3]];
+                            pot[k] = -g * o[0];
+                        }
+                    }
+                    [
+                        (m2l_done - start).as_secs_f64(),
+                        m2l_done.elapsed().as_secs_f64(),
+                    ]
+                },
+            )
+            .reduce(|| [0.0; 2], |a, b| [a[0] + b[0], a[1] + b[1]])
     }
 
     /// Adds the near field to `acc` and `pot` (in tree order); returns the particle

@@ -13,7 +13,7 @@ use super::presets::{PresetKey, PresetsStore};
 use super::remote::RemoteSource;
 use super::stats::FmmStats;
 use super::traversal::{Mac, Spans, span, unpack, walk};
-use super::tree::{MOMENT_VALUES, NotSorted, SortedParticles, Tree};
+use super::tree::{MOMENT_VALUES, NotSorted, SortedParticles, Tree, expected_f32};
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, check_finite};
 use crate::particles::Particles;
@@ -213,7 +213,7 @@ pub struct Evaluation<'a, 'r> {
     /// which the error-controlled MAC (`FmmSettings::accuracy`) holds the errors to a
     /// fraction of. Without it, an evaluation with `accuracy` first evaluates with the
     /// geometric MAC alone to find it.
-    pub expected_accel: Option<&'a [f64]>,
+    pub expected_accel: Option<&'a [f32]>,
     /// The total mass of every rank's particles (the accuracy's allowance is shared by mass,
     /// `Mac`); this rank's own when not given.
     pub total_mass: Option<f64>,
@@ -245,7 +245,12 @@ pub struct FmmSolver {
     pub(super) multipoles: Vec<f64>,
     /// Whether the last evaluation or plan computed the own cells' multipoles here.
     pub(super) upward_on_host: bool,
+    /// The local expansions of `internal`'s cells (a leaf's lives only in `leaf_pass`).
     pub(super) locals: Vec<f64>,
+    /// The own cells that have children, in cell order.
+    pub(super) internal: Vec<u32>,
+    /// Each own cell's index in `internal` (`u32::MAX` for a leaf).
+    pub(super) local_slot: Vec<u32>,
     pub(super) m2l_buf: CappedBuffer,
     pub(super) p2p_buf: CappedBuffer,
     pub(super) m2l: PairList,
@@ -287,6 +292,8 @@ impl FmmSolver {
             multipoles: Vec::new(),
             upward_on_host: false,
             locals: Vec::new(),
+            internal: Vec::new(),
+            local_slot: Vec::new(),
             m2l_buf: CappedBuffer::default(),
             p2p_buf: CappedBuffer::default(),
             m2l: PairList::default(),
@@ -383,9 +390,10 @@ impl FmmSolver {
         let len = real_len(self.settings.order);
         let t0 = Instant::now();
         self.m2l_pass(len);
-        stats.seconds.m2l = t0.elapsed().as_secs_f64();
+        let m2l_seconds = t0.elapsed().as_secs_f64();
         let t0 = Instant::now();
         self.l2l_pass(len);
+        let l2l_seconds = t0.elapsed().as_secs_f64();
         // The sums in tree order: in the caller's arrays (`Evaluation::in_place`) or in the
         // solver's, copied to the caller's particles after (only the active ones' with
         // block steps: the others' values stay).
@@ -400,8 +408,13 @@ impl FmmSolver {
         };
         out_acc.fill([0.0; 3]);
         out_pot.fill(0.0);
-        self.l2p_pass(len, out_acc, out_pot);
-        stats.seconds.downward = t0.elapsed().as_secs_f64();
+        let t0 = Instant::now();
+        let [m2l_share, down_share] = self.leaf_pass(len, out_acc, out_pot);
+        // The leaves' M2L and L2P run together: their wall time is split as the threads'.
+        let leaves = t0.elapsed().as_secs_f64();
+        let m2l_part = leaves * m2l_share / (m2l_share + down_share).max(f64::MIN_POSITIVE);
+        stats.seconds.m2l = m2l_seconds + m2l_part;
+        stats.seconds.downward = l2l_seconds + leaves - m2l_part;
         let t0 = Instant::now();
         stats.p2p_interactions = self.p2p_pass(out_acc, out_pot);
         stats.seconds.p2p = t0.elapsed().as_secs_f64();
@@ -455,7 +468,7 @@ impl FmmSolver {
         let first = self.evaluate_with(pos, mass, id, first_with, acc, pot);
         self.settings.accuracy = accuracy;
         let first = first?;
-        let expected = magnitudes(acc);
+        let expected = expected_accelerations(acc);
         let with = Evaluation {
             eps: with.eps,
             cube: with.cube,
@@ -909,9 +922,21 @@ impl FmmSolver {
 
 /// The magnitude of each vector.
 pub fn magnitudes(v: &[[f64; 3]]) -> Vec<f64> {
-    v.par_iter()
-        .map(|a| (a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt())
+    v.par_iter().map(|a| magnitude(*a)).collect()
+}
+
+/// The accelerations an evaluation with an accuracy target expects
+/// (`Evaluation::expected_accel`): each magnitude of `acc` rounded down to an f32, half the
+/// memory of f64 (4 bytes a particle at the peak) for the same cells' thresholds, which
+/// are f32 rounded down anyway (`Tree::set_expected_accel`).
+pub fn expected_accelerations(acc: &[[f64; 3]]) -> Vec<f32> {
+    acc.par_iter()
+        .map(|a| expected_f32(magnitude(*a)))
         .collect()
+}
+
+fn magnitude(a: [f64; 3]) -> f64 {
+    (a[0] * a[0] + a[1] * a[1] + a[2] * a[2]).sqrt()
 }
 
 impl GravitySolver for FmmSolver {

@@ -489,7 +489,7 @@ mod tests {
         let mut tree = Tree::default();
         tree.build(&pos, &mass, &id, None, 8, 10_000).unwrap();
         tree.compute_moments();
-        let expected: Vec<f64> = (0..n).map(|_| 10f64.powf(2.0 * rnd())).collect();
+        let expected: Vec<f32> = (0..n).map(|_| 10f32.powf(2.0 * rnd() as f32)).collect();
         if tolerance > 0.0 {
             tree.set_expected_accel(&expected);
         }

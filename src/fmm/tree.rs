@@ -344,11 +344,11 @@ impl Tree {
     /// particle, in the caller's order as given to `build`) over its particles, rounded
     /// down to an f32 (other ranks receive it in f32 and must decide alike on it). A build
     /// leaves every cell's `accel` at 0 (unknown: the MAC is then geometric only).
-    pub fn set_expected_accel(&mut self, expected: &[f64]) {
+    pub fn set_expected_accel(&mut self, expected: &[f32]) {
         let order = &self.order;
         let weakest = |b: u32, e: u32| {
             (b..e)
-                .map(|i| expected[order[i as usize] as usize])
+                .map(|i| f64::from(expected[order[i as usize] as usize]))
                 .fold(f64::INFINITY, f64::min)
         };
         // Deepest level first, each cell from its children (the leaves from particles).
@@ -878,6 +878,16 @@ pub fn dequantise_position(q: [i32; 3], centre: [f64; 3], r_max: f64) -> [f64; 3
 }
 
 /// The largest f32 value not above `x` (0 for a negative or NaN `x`).
+/// An acceleration magnitude as `set_expected_accel` takes it: rounded down to an f32, 0 for
+/// none or a negative one, and infinite (ignored by the cells' minimum) for NaN.
+pub fn expected_f32(x: f64) -> f32 {
+    if x.is_nan() {
+        f32::INFINITY
+    } else {
+        f32_at_most(x) as f32
+    }
+}
+
 fn f32_at_most(x: f64) -> f64 {
     if x.is_nan() || x <= 0.0 {
         return 0.0;
