@@ -23,10 +23,12 @@
 //! matrices they share are here.
 
 mod lanes;
+mod shift;
 
 pub use lanes::M2L_LANES;
 pub(super) use lanes::V;
 use lanes::{LaneKernels, select_lane_kernels};
+use shift::ShiftTable;
 
 /// Number of stored complex coefficients for order `p` (0 <= m <= n <= p).
 pub const fn complex_len(p: usize) -> usize {
@@ -229,6 +231,9 @@ pub struct Operators {
     factorial: Vec<f64>,
     /// The lane-batched kernels for this CPU.
     kernels: LaneKernels,
+    /// M2M and L2L as lists of their terms.
+    m2m_table: ShiftTable,
+    l2l_table: ShiftTable,
 }
 
 /// The swap rotation S: the cyclic permutation (x, y, z) -> (z, x, y), a proper rotation
@@ -264,12 +269,24 @@ impl Operators {
             swap,
             factorial,
             kernels: select_lane_kernels(),
+            m2m_table: ShiftTable::m2m(p),
+            l2l_table: ShiftTable::l2l(p),
         }
     }
 
     /// Expansion order.
     pub fn order(&self) -> usize {
         self.p
+    }
+
+    /// `m2m` at this order, from its table of terms (the same bits).
+    pub fn m2m(&self, t: [f64; 3], child: &[f64], parent: &mut [f64], scratch: &mut [f64]) {
+        self.m2m_table.apply(t, child, parent, scratch);
+    }
+
+    /// `l2l` at this order, from its table of terms (the same bits).
+    pub fn l2l(&self, s: [f64; 3], parent: &[f64], child: &mut [f64], scratch: &mut [f64]) {
+        self.l2l_table.apply(s, parent, child, scratch);
     }
 
     /// Total non-zeros of the swap matrices (for cost reports and tests).

@@ -3,7 +3,7 @@
 //! L2L down, L2P and P2P into the particles' accelerations — each parallel over cells with
 //! rayon, in a fixed order so that the bits do not depend on the thread count.
 
-use super::expansion::{self, M2L_LANES, Operators};
+use super::expansion::{M2L_LANES, Operators};
 use super::p2p::NearScratch;
 use super::solver::FmmSolver;
 use super::tree::{Cell, Tree};
@@ -18,7 +18,7 @@ fn sub(a: [f64; 3], b: [f64; 3]) -> [f64; 3] {
 
 /// The parents' local expansions, for L2L into their children.
 struct Downward<'a> {
-    p: usize,
+    ops: &'a Operators,
     len: usize,
     cells: &'a [Cell],
     slot: &'a [u32],
@@ -31,7 +31,8 @@ impl Downward<'_> {
         let parent = &self.cells[cell.parent as usize];
         let off = self.slot[cell.parent as usize] as usize * self.len;
         let s = sub(cell.centre, parent.centre);
-        expansion::l2l(self.p, s, &self.locals[off..off + self.len], local, scratch);
+        self.ops
+            .l2l(s, &self.locals[off..off + self.len], local, scratch);
     }
 }
 
@@ -50,7 +51,7 @@ fn p2m_leaf(ops: &Operators, tree: &Tree, cell: &Cell, m: &mut [f64]) {
 
 /// Adds the multipole `child_m` of `child` to its parent's `m`.
 fn m2m_child(
-    p: usize,
+    ops: &Operators,
     parent: &Cell,
     child: &Cell,
     child_m: &[f64],
@@ -62,7 +63,7 @@ fn m2m_child(
         child.centre[1] - parent.centre[1],
         child.centre[2] - parent.centre[2],
     ];
-    expansion::m2m(p, t, child_m, m, scratch);
+    ops.m2m(t, child_m, m, scratch);
 }
 
 /// A leaf and the slices of the sorted output arrays that belong to its particles.
@@ -74,7 +75,6 @@ impl FmmSolver {
     /// the particles, M2M from the children, deepest first. With f64 on the wire these are
     /// the sender's own bits (same operations in the same order).
     pub(super) fn rebuild_remote_multipoles(&mut self, first: usize, count: usize, len: usize) {
-        let p = self.settings.order;
         let (tree, ops) = (&self.tree, &self.ops);
         let mut scratch = vec![0.0; len];
         // Breadth first within the tree: children come after their parent.
@@ -92,7 +92,7 @@ impl FmmSolver {
                 for ch in cell.children() {
                     let off = (ch as usize - c - 1) * len;
                     m2m_child(
-                        p,
+                        ops,
                         cell,
                         &tree.cells[ch as usize],
                         &below[off..off + len],
@@ -106,7 +106,6 @@ impl FmmSolver {
 
     /// P2M at leaves, then M2M level by level towards the root.
     pub(super) fn upward(&mut self, len: usize) {
-        let p = self.settings.order;
         let cells = self.tree.cells.len();
         self.multipoles.clear();
         self.multipoles.resize(cells * len, 0.0);
@@ -126,7 +125,7 @@ impl FmmSolver {
                         for ch in cell.children() {
                             let c = &tree.cells[ch as usize];
                             let off = (ch as usize - hi) * len;
-                            m2m_child(p, cell, c, &below[off..off + len], m, scratch);
+                            m2m_child(ops, cell, c, &below[off..off + len], m, scratch);
                         }
                     }
                 },
@@ -213,7 +212,7 @@ impl FmmSolver {
     /// L2L from the parents' local expansions in `locals` (slots of `local_slot`).
     fn downward<'a>(&'a self, locals: &'a [f64], len: usize) -> Downward<'a> {
         Downward {
-            p: self.settings.order,
+            ops: &self.ops,
             len,
             cells: &self.tree.cells,
             slot: &self.local_slot,
