@@ -192,6 +192,9 @@ enum TreeInput<'a> {
         device: &'a mut dyn DeviceTree,
         partial: bool,
     },
+    /// The tree and multipoles of the last evaluation, of the same particles on this rank
+    /// alone (`evaluate_twice`'s second pass).
+    Kept,
 }
 
 /// How one evaluation differs from the plain single-rank one (`Default`).
@@ -381,11 +384,23 @@ impl FmmSolver {
         if self.settings.accuracy > 0.0 && with.expected_accel.is_none() {
             return self.evaluate_twice(pos, mass, id, with, acc, pot);
         }
-        let n = pos.len();
+        let input = TreeInput::Unsorted { pos, mass };
+        self.evaluate_from(input, id, with, acc, pot)
+    }
+
+    /// One evaluation with the tree from `input` (`evaluate_with`'s body).
+    fn evaluate_from(
+        &mut self,
+        input: TreeInput,
+        id: &[u64],
+        with: Evaluation,
+        acc: &mut [[f64; 3]],
+        pot: &mut [f64],
+    ) -> Result<FmmStats, GravityError> {
+        let n = id.len();
         let mut stats = FmmStats::default();
         let active = with.active;
         let in_place = with.in_place && active.is_none();
-        let input = TreeInput::Unsorted { pos, mass };
         self.build_lists(input, id, with, true, &mut stats)?;
         let len = real_len(self.settings.order);
         let t0 = Instant::now();
@@ -469,6 +484,13 @@ impl FmmSolver {
         self.settings.accuracy = accuracy;
         let first = first?;
         let expected = expected_accelerations(acc);
+        // The same particles give the same tree and multipoles: the second pass keeps
+        // them, unless other ranks' cells were appended to them.
+        let input = if with.remote.is_none() {
+            TreeInput::Kept
+        } else {
+            TreeInput::Unsorted { pos, mass }
+        };
         let with = Evaluation {
             eps: with.eps,
             cube: with.cube,
@@ -478,7 +500,7 @@ impl FmmSolver {
             total_mass: with.total_mass,
             in_place: with.in_place,
         };
-        let mut stats = self.evaluate_with(pos, mass, id, with, acc, pot)?;
+        let mut stats = self.evaluate_from(input, id, with, acc, pot)?;
         stats.add_first_pass(&first);
         Ok(stats)
     }
@@ -633,6 +655,7 @@ impl FmmSolver {
         self.p2p_buf
             .give_back(std::mem::take(&mut self.p2p.sources));
         // Particles sorted elsewhere are taken once; a retry for more cells only splits again.
+        let kept = matches!(input, TreeInput::Kept);
         let t0 = Instant::now();
         let (unsorted, mut device_tree, reordered, split_there, flagged_there) = match input {
             TreeInput::Unsorted { pos, mass } => (Some((pos, mass)), None, false, false, false),
@@ -641,9 +664,10 @@ impl FmmSolver {
                 (None, device, reordered, false, false)
             }
             TreeInput::Split { device, partial } => (None, Some(device), false, true, partial),
+            TreeInput::Kept => (None, None, false, false, false),
         };
         stats.seconds.tree += t0.elapsed().as_secs_f64();
-        loop {
+        while !kept {
             let t0 = Instant::now();
             let (leaf_size, cap) = (self.settings.leaf_size, self.tracker.caps().cells);
             let built = match (unsorted, device_tree.as_mut()) {
@@ -700,6 +724,7 @@ impl FmmSolver {
                         self.fetch_moments(&mut **device)?;
                     }
                 }
+                None if kept => {}
                 None => self.tree.compute_moments(),
             }
         }
@@ -728,7 +753,9 @@ impl FmmSolver {
         if remote.as_ref().is_some_and(|r| r.quantises_positions()) {
             self.tree.quantise_own_positions();
         }
-        if host_upward {
+        if kept && self.upward_on_host {
+            // The multipoles of the kept tree hold.
+        } else if host_upward {
             self.upward(len);
         } else if remote.is_some() {
             // Placeholders for the own cells, which the other ranks' cells follow.
