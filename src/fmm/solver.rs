@@ -667,30 +667,32 @@ impl FmmSolver {
             TreeInput::Kept => (None, None, false, false, false),
         };
         stats.seconds.tree += t0.elapsed().as_secs_f64();
-        while !kept {
-            let t0 = Instant::now();
-            let (leaf_size, cap) = (self.settings.leaf_size, self.tracker.caps().cells);
-            let built = match (unsorted, device_tree.as_mut()) {
-                (Some((pos, mass)), _) => self.tree.build(pos, mass, id, cube, leaf_size, cap),
-                (None, Some(device)) if split_there => {
-                    let split = device.split_cells(&mut self.tree, leaf_size, cap)?;
-                    if split.is_ok() && self.tree.own_particles != n {
-                        return Err(GravityError::NotSorted(NotSorted(
-                            "cells of another number of particles",
-                        )));
+        if !kept {
+            loop {
+                let t0 = Instant::now();
+                let (leaf_size, cap) = (self.settings.leaf_size, self.tracker.caps().cells);
+                let built = match (unsorted, device_tree.as_mut()) {
+                    (Some((pos, mass)), _) => self.tree.build(pos, mass, id, cube, leaf_size, cap),
+                    (None, Some(device)) if split_there => {
+                        let split = device.split_cells(&mut self.tree, leaf_size, cap)?;
+                        if split.is_ok() && self.tree.own_particles != n {
+                            return Err(GravityError::NotSorted(NotSorted(
+                                "cells of another number of particles",
+                            )));
+                        }
+                        split
                     }
-                    split
-                }
-                (None, _) => self.tree.build_cells(leaf_size, cap),
-            };
-            stats.seconds.tree += t0.elapsed().as_secs_f64();
-            match built {
-                Ok(()) => break,
-                Err(over) => {
-                    stats.retries += 1;
-                    stats.overflows[CapKind::Cells as usize] += 1;
-                    self.tracker.grow(CapKind::Cells, over.needed);
-                    check_retries(stats)?;
+                    (None, _) => self.tree.build_cells(leaf_size, cap),
+                };
+                stats.seconds.tree += t0.elapsed().as_secs_f64();
+                match built {
+                    Ok(()) => break,
+                    Err(over) => {
+                        stats.retries += 1;
+                        stats.overflows[CapKind::Cells as usize] += 1;
+                        self.tracker.grow(CapKind::Cells, over.needed);
+                        check_retries(stats)?;
+                    }
                 }
             }
         }
