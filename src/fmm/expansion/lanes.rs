@@ -5,6 +5,7 @@
 //! they give the same bits; only data movement (the 8 × 8 transpositions) differs.
 
 use super::*;
+use std::mem::MaybeUninit;
 
 /// Multipoles translated together by `Operators::m2l_batch`.
 pub const M2L_LANES: usize = 8;
@@ -22,6 +23,8 @@ fn m2l_lanes<const P: usize, const LEN: usize>(
     transposer: impl Transpose,
 ) {
     const W: usize = M2L_LANES;
+    // `b` below is written row by row: every row of the LEN exists for (k, l), l <= k <= P.
+    const { assert!(LEN == real_len(P)) };
     // Geometry per lane.
     let (mut cphi, mut sphi, mut cth, mut sth, mut inv_rho) =
         ([0.0; W], [0.0; W], [0.0; W], [0.0; W], [0.0; W]);
@@ -37,52 +40,77 @@ fn m2l_lanes<const P: usize, const LEN: usize>(
         (cth[w], sth[w]) = (r[w][2] / rho, rxy / rho);
         inv_rho[w] = 1.0 / rho;
     }
-    let mut a = gather_lanes::<LEN>(multipoles, transposer);
+    let mut a = MaybeUninit::uninit();
+    let a = gather_lanes::<LEN>(multipoles, transposer, &mut a);
     // M~ = T(S^-1) Tz(-θ) T(S) Tz(-φ) M, degree by degree (rotations keep the degree).
-    let phi = cos_sin_multiples::<P>(&cphi, &sphi);
-    let theta = cos_sin_multiples::<P>(&cth, &sth);
+    let (mut phi, mut theta) = (MaybeUninit::uninit(), MaybeUninit::uninit());
+    let phi = cos_sin_multiples::<P>(&cphi, &sphi, &mut phi);
+    let theta = cos_sin_multiples::<P>(&cth, &sth, &mut theta);
     let forward = (
         SwapMatrix::Swap,
         SwapMatrix::Unswap,
         &ops.swap_flat,
         &ops.unswap_flat,
     );
-    each_degree!(P, rotate_degree, &mut a, &phi, &theta, forward, false);
+    // One scratch for every degree's intermediate rows (zeroing it per degree cost more
+    // than the z rotations).
+    let mut x = [[0.0f64; W]; 2 * MAX_ORDER + 2];
+    each_degree!(
+        P,
+        rotate_degree,
+        &mut *a,
+        &mut x,
+        phi,
+        theta,
+        forward,
+        false
+    );
     // Translation along +z: L~_k^l = (-1)^{k+l} Σ_n conj(M~_n^l) (n+k)!/rho^{n+k+1}.
     // (n + k)! / rho^(n + k + 1) for n + k = 0..=P + 1.
-    let mut pow = [[0.0f64; W]; MAX_ORDER + 2];
+    let mut pow = inv_rho;
     let mut factor = [[0.0f64; W]; MAX_ORDER + 2];
-    pow[0] = inv_rho;
-    for s in 0..=P + 1 {
+    for (s, f) in factor.iter_mut().enumerate().take(P + 2) {
         if s > 0 {
             for w in 0..W {
-                pow[s][w] = pow[s - 1][w] * inv_rho[w];
+                pow[w] *= inv_rho[w];
             }
         }
         for w in 0..W {
-            factor[s][w] = ops.factorial[s] * pow[s][w];
+            f[w] = ops.factorial[s] * pow[w];
         }
     }
-    let mut b = [[0.0f64; W]; LEN];
+    // Every row of `b` is written below (those of k + l > P with zeros), so it starts
+    // uninitialised: zeroing its LEN rows per batch showed in the profile.
+    let mut b = MaybeUninit::<[V; LEN]>::uninit();
+    let rows = b.as_mut_ptr().cast::<V>();
     for l in 0..=P {
-        for k in l..=P - l {
+        for k in l..=P {
             let (mut re, mut im) = ([0.0f64; W], [0.0f64; W]);
-            for n in l..=P - k {
-                let c = cidx(n, l);
+            if k <= P - l {
+                for n in l..=P - k {
+                    let c = cidx(n, l);
+                    for w in 0..W {
+                        let fw = factor[n + k][w];
+                        re[w] += a[2 * c][w] * fw;
+                        im[w] -= a[2 * c + 1][w] * fw;
+                    }
+                }
+                let sign = if (k + l) % 2 == 0 { 1.0 } else { -1.0 };
                 for w in 0..W {
-                    let fw = factor[n + k][w];
-                    re[w] += a[2 * c][w] * fw;
-                    im[w] -= a[2 * c + 1][w] * fw;
+                    (re[w], im[w]) = (sign * re[w], sign * im[w]);
                 }
             }
-            let sign = if (k + l) % 2 == 0 { 1.0 } else { -1.0 };
             let c = cidx(k, l);
-            for w in 0..W {
-                b[2 * c][w] = sign * re[w];
-                b[2 * c + 1][w] = sign * im[w];
+            // SAFETY: c < LEN / 2 for l <= k <= P, so both rows are inside `b`.
+            unsafe {
+                rows.add(2 * c).write(re);
+                rows.add(2 * c + 1).write(im);
             }
         }
     }
+    // SAFETY: (k, l) ran over every 0 <= l <= k <= P, each writing rows 2 cidx(k, l) and
+    // 2 cidx(k, l) + 1: all LEN = (P + 1)(P + 2) rows.
+    let b = unsafe { b.assume_init_mut() };
     // L += Tz(-φ) U_S Tz(-θ) U_S^-1 L~ (the z rotations are symmetric under W).
     let back = (
         SwapMatrix::UnswapLocal,
@@ -90,9 +118,9 @@ fn m2l_lanes<const P: usize, const LEN: usize>(
         &ops.unswap_local_flat,
         &ops.swap_local_flat,
     );
-    each_degree!(P, rotate_degree, &mut b, &theta, &phi, back, true);
+    each_degree!(P, rotate_degree, &mut *b, &mut x, theta, phi, back, true);
     // All lanes share the target: sum them in a fixed order.
-    sum_lanes_into(&b, local, transposer);
+    sum_lanes_into(b, local, transposer);
 }
 
 /// An 8 × 8 transposition of f64 values: the one data movement of the M2L that the
@@ -175,17 +203,20 @@ mod transpose {
 /// The multipoles' coefficients lane by lane (row i: coefficient i of each lane), eight
 /// rows at a time by `Transpose` (one value at a time took a tenth of the M2L).
 #[inline(always)]
-fn gather_lanes<const LEN: usize>(
+fn gather_lanes<'a, const LEN: usize>(
     multipoles: &[&[f64]; M2L_LANES],
     transposer: impl Transpose,
-) -> [V; LEN] {
+    a: &'a mut MaybeUninit<[V; LEN]>,
+) -> &'a mut [V; LEN] {
     const W: usize = M2L_LANES;
     let m: [&[f64; LEN]; W] = std::array::from_fn(|w| {
         multipoles[w][..LEN]
             .try_into()
             .expect("a multipole of real_len(P) values")
     });
-    let mut a = [[0.0f64; W]; LEN];
+    // Every row is written once, in place: no zeroing first, no copy after (both showed in
+    // the profile).
+    let rows_out = a.as_mut_ptr().cast::<V>();
     let blocks = LEN / W;
     for blk in 0..blocks {
         let rows: [&[f64; W]; W] = std::array::from_fn(|w| {
@@ -193,12 +224,17 @@ fn gather_lanes<const LEN: usize>(
                 .try_into()
                 .expect("eight coefficients")
         });
-        a[blk * W..blk * W + W].copy_from_slice(&transposer.transpose(rows));
+        for (k, row) in transposer.transpose(rows).into_iter().enumerate() {
+            // SAFETY: blk * W + k < blocks * W <= LEN.
+            unsafe { rows_out.add(blk * W + k).write(row) };
+        }
     }
-    for (i, row) in a.iter_mut().enumerate().skip(blocks * W) {
-        *row = std::array::from_fn(|w| m[w][i]);
+    for i in blocks * W..LEN {
+        // SAFETY: i < LEN.
+        unsafe { rows_out.add(i).write(std::array::from_fn(|w| m[w][i])) };
     }
-    a
+    // SAFETY: the loops above wrote rows 0..blocks * W and blocks * W..LEN.
+    unsafe { a.assume_init_mut() }
 }
 
 /// Adds to `local[i]` the sum of row i's lanes, in lane order from zero, for every row of
@@ -257,16 +293,31 @@ use each_degree;
 /// (cos mα, sin mα) for m = 0..=P, lane by lane, by the recursion of products
 /// (the rotations' factors e^{imα}).
 #[inline(always)]
-fn cos_sin_multiples<const P: usize>(c: &V, s: &V) -> [(V, V); MAX_ORDER + 1] {
-    let mut out = [([1.0f64; M2L_LANES], [0.0f64; M2L_LANES]); MAX_ORDER + 1];
+fn cos_sin_multiples<'a, const P: usize>(
+    c: &V,
+    s: &V,
+    out: &'a mut MaybeUninit<[(V, V); MAX_ORDER + 1]>,
+) -> &'a [(V, V); MAX_ORDER + 1] {
+    // Written entry by entry in place: an initialised array to fill and return cost a
+    // memset and a copy per call.
+    let entries = out.as_mut_ptr().cast::<(V, V)>();
     let (mut cm, mut sm) = ([1.0f64; M2L_LANES], [0.0f64; M2L_LANES]);
-    for entry in out.iter_mut().take(P + 1).skip(1) {
-        for w in 0..M2L_LANES {
-            (cm[w], sm[w]) = (cm[w] * c[w] - sm[w] * s[w], sm[w] * c[w] + cm[w] * s[w]);
+    for m in 0..=MAX_ORDER {
+        if (1..=P).contains(&m) {
+            for w in 0..M2L_LANES {
+                (cm[w], sm[w]) = (cm[w] * c[w] - sm[w] * s[w], sm[w] * c[w] + cm[w] * s[w]);
+            }
         }
-        *entry = (cm, sm);
+        let entry = if m <= P {
+            (cm, sm)
+        } else {
+            ([1.0f64; M2L_LANES], [0.0f64; M2L_LANES])
+        };
+        // SAFETY: m <= MAX_ORDER, inside `out`.
+        unsafe { entries.add(m).write(entry) };
     }
-    out
+    // SAFETY: every entry 0..=MAX_ORDER was written.
+    unsafe { out.assume_init_ref() }
 }
 
 /// Multiplies each degree-N coefficient `v[2m], v[2m + 1]` (re, im of m) by e^{imα}.
@@ -289,6 +340,7 @@ fn rotate_z_degree<const N: usize, const D: usize>(v: &mut [V; D], cs: &[(V, V);
 #[inline(always)]
 fn rotate_degree<const N: usize, const D: usize>(
     v: &mut [V],
+    x: &mut [V],
     first_angle: &[(V, V); MAX_ORDER + 1],
     second_angle: &[(V, V); MAX_ORDER + 1],
     (first, second, first_rows, second_rows): (SwapMatrix, SwapMatrix, &SparseRows, &SparseRows),
@@ -298,18 +350,18 @@ fn rotate_degree<const N: usize, const D: usize>(
     let rows: &mut [V; D] = (&mut v[base..base + D])
         .try_into()
         .expect("a degree's rows");
-    let mut x = [[0.0f64; M2L_LANES]; D];
+    let x: &mut [V; D] = (&mut x[..D]).try_into().expect("a degree's scratch");
     if back {
-        swap_degree::<N>(first, first_rows, rows, &mut x);
-        rotate_z_degree::<N, D>(&mut x, first_angle);
-        swap_degree::<N>(second, second_rows, &x, rows);
+        swap_degree::<N>(first, first_rows, rows, x);
+        rotate_z_degree::<N, D>(x, first_angle);
+        swap_degree::<N>(second, second_rows, x, rows);
         rotate_z_degree::<N, D>(rows, second_angle);
     } else {
-        let mut y = *rows;
-        rotate_z_degree::<N, D>(&mut y, first_angle);
-        swap_degree::<N>(first, first_rows, &y, &mut x);
-        rotate_z_degree::<N, D>(&mut x, second_angle);
-        swap_degree::<N>(second, second_rows, &x, rows);
+        // The rows are rewritten at the end: the first rotation can work on them in place.
+        rotate_z_degree::<N, D>(rows, first_angle);
+        swap_degree::<N>(first, first_rows, rows, x);
+        rotate_z_degree::<N, D>(x, second_angle);
+        swap_degree::<N>(second, second_rows, x, rows);
     }
 }
 
