@@ -193,8 +193,9 @@ enum TreeInput<'a> {
         partial: bool,
     },
     /// The tree and multipoles of the last evaluation, of the same particles on this rank
-    /// alone (`evaluate_twice`'s second pass).
-    Kept,
+    /// alone (`evaluate_twice`'s second pass); `sorted`: `Evaluation::expected_accel` is
+    /// in tree order.
+    Kept { sorted: bool },
 }
 
 /// How one evaluation differs from the plain single-rank one (`Default`).
@@ -385,10 +386,12 @@ impl FmmSolver {
             return self.evaluate_twice(pos, mass, id, with, acc, pot);
         }
         let input = TreeInput::Unsorted { pos, mass };
-        self.evaluate_from(input, id, with, acc, pot)
+        self.evaluate_from(input, id, with, acc, pot, false)
     }
 
-    /// One evaluation with the tree from `input` (`evaluate_with`'s body).
+    /// One evaluation with the tree from `input` (`evaluate_with`'s body); with
+    /// `tree_order`, for every particle, the sums are left in the caller's arrays in tree
+    /// order (`evaluate_twice`'s first pass, whose sums only set the second's thresholds).
     fn evaluate_from(
         &mut self,
         input: TreeInput,
@@ -396,11 +399,12 @@ impl FmmSolver {
         with: Evaluation,
         acc: &mut [[f64; 3]],
         pot: &mut [f64],
+        tree_order: bool,
     ) -> Result<FmmStats, GravityError> {
         let n = id.len();
         let mut stats = FmmStats::default();
         let active = with.active;
-        let in_place = with.in_place && active.is_none();
+        let in_place = (with.in_place || tree_order) && active.is_none();
         self.build_lists(input, id, with, true, &mut stats)?;
         let len = real_len(self.settings.order);
         let t0 = Instant::now();
@@ -433,7 +437,9 @@ impl FmmSolver {
         let t0 = Instant::now();
         stats.p2p_interactions = self.p2p_pass(out_acc, out_pot);
         stats.seconds.p2p = t0.elapsed().as_secs_f64();
-        if in_place {
+        if tree_order && in_place {
+            // Left in tree order.
+        } else if in_place {
             unsort_in_place(acc, pot, &self.tree.order, &mut self.visited);
         } else {
             for (sorted, &orig) in self.tree.order.iter().enumerate() {
@@ -468,6 +474,11 @@ impl FmmSolver {
         pot: &mut [f64],
     ) -> Result<FmmStats, GravityError> {
         let mut with = with;
+        // The same particles give the same tree and multipoles: the second pass keeps
+        // them, unless other ranks' cells were appended to them. For every particle, the
+        // first pass's sums can then stay in tree order: they only set the thresholds.
+        let keep = with.remote.is_none();
+        let sorted = keep && with.active.is_none();
         let accuracy = std::mem::replace(&mut self.settings.accuracy, 0.0);
         let first_with = Evaluation {
             eps: with.eps,
@@ -480,14 +491,13 @@ impl FmmSolver {
             in_place: with.in_place,
             ..Evaluation::default()
         };
-        let first = self.evaluate_with(pos, mass, id, first_with, acc, pot);
+        let input = TreeInput::Unsorted { pos, mass };
+        let first = self.evaluate_from(input, id, first_with, acc, pot, sorted);
         self.settings.accuracy = accuracy;
         let first = first?;
         let expected = expected_accelerations(acc);
-        // The same particles give the same tree and multipoles: the second pass keeps
-        // them, unless other ranks' cells were appended to them.
-        let input = if with.remote.is_none() {
-            TreeInput::Kept
+        let input = if keep {
+            TreeInput::Kept { sorted }
         } else {
             TreeInput::Unsorted { pos, mass }
         };
@@ -500,7 +510,7 @@ impl FmmSolver {
             total_mass: with.total_mass,
             in_place: with.in_place,
         };
-        let mut stats = self.evaluate_from(input, id, with, acc, pot)?;
+        let mut stats = self.evaluate_from(input, id, with, acc, pot, false)?;
         stats.add_first_pass(&first);
         Ok(stats)
     }
@@ -655,7 +665,10 @@ impl FmmSolver {
         self.p2p_buf
             .give_back(std::mem::take(&mut self.p2p.sources));
         // Particles sorted elsewhere are taken once; a retry for more cells only splits again.
-        let kept = matches!(input, TreeInput::Kept);
+        let (kept, expected_sorted) = match input {
+            TreeInput::Kept { sorted } => (true, sorted),
+            _ => (false, false),
+        };
         let t0 = Instant::now();
         let (unsorted, mut device_tree, reordered, split_there, flagged_there) = match input {
             TreeInput::Unsorted { pos, mass } => (Some((pos, mass)), None, false, false, false),
@@ -664,7 +677,7 @@ impl FmmSolver {
                 (None, device, reordered, false, false)
             }
             TreeInput::Split { device, partial } => (None, Some(device), false, true, partial),
-            TreeInput::Kept => (None, None, false, false, false),
+            TreeInput::Kept { .. } => (None, None, false, false, false),
         };
         stats.seconds.tree += t0.elapsed().as_secs_f64();
         if !kept {
@@ -743,7 +756,11 @@ impl FmmSolver {
                 .ok_or(GravityError::AccuracyUnsupported(
                     "needs the accelerations to expect, one per particle",
                 ))?;
-            self.tree.set_expected_accel(expected);
+            if expected_sorted {
+                self.tree.set_expected_accel_sorted(expected);
+            } else {
+                self.tree.set_expected_accel(expected);
+            }
             // The share of the allowance of each source is its share of the total mass.
             let total = total_mass.or_else(|| self.tree.cells.first().map(|root| root.mass));
             if let Some(total) = total.filter(|&m| m > 0.0) {

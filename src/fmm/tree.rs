@@ -345,10 +345,23 @@ impl Tree {
     /// down to an f32 (other ranks receive it in f32 and must decide alike on it). A build
     /// leaves every cell's `accel` at 0 (unknown: the MAC is then geometric only).
     pub fn set_expected_accel(&mut self, expected: &[f32]) {
-        let order = &self.order;
+        let order = std::mem::take(&mut self.order);
+        self.set_expected_with(|i| expected[order[i as usize] as usize]);
+        self.order = order;
+    }
+
+    /// `set_expected_accel` with `expected` in tree order (one value per sorted particle):
+    /// no gather through `order`.
+    pub fn set_expected_accel_sorted(&mut self, expected: &[f32]) {
+        self.set_expected_with(|i| expected[i as usize]);
+    }
+
+    /// Sets every cell's `accel` from the expected acceleration of sorted particle i,
+    /// `expected_at(i)`.
+    fn set_expected_with(&mut self, expected_at: impl Fn(u32) -> f32 + Sync) {
         let weakest = |b: u32, e: u32| {
             (b..e)
-                .map(|i| f64::from(expected[order[i as usize] as usize]))
+                .map(|i| f64::from(expected_at(i)))
                 .fold(f64::INFINITY, f64::min)
         };
         // Deepest level first, each cell from its children (the leaves from particles).
