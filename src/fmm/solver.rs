@@ -772,8 +772,8 @@ impl FmmSolver {
         if remote.as_ref().is_some_and(|r| r.quantises_positions()) {
             self.tree.quantise_own_positions();
         }
-        if kept && self.upward_on_host {
-            // The multipoles of the kept tree hold.
+        if kept {
+            // The kept tree's multipoles hold (the pass that built it computed them here).
         } else if host_upward {
             self.upward(len);
         } else if remote.is_some() {
