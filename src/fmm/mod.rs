@@ -22,6 +22,7 @@ pub mod stats;
 mod swap_lanes;
 pub mod traversal;
 pub mod tree;
+pub mod unsort;
 
 pub use solver::{FmmSettings, FmmSolver};
 pub use stats::FmmStats;

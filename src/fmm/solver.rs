@@ -14,6 +14,7 @@ use super::remote::RemoteSource;
 use super::stats::FmmStats;
 use super::traversal::{Mac, Spans, span, unpack, walk};
 use super::tree::{MOMENT_VALUES, NotSorted, SortedParticles, Tree, expected_f32};
+use super::unsort;
 use crate::gravity::softening::{SPLINE_SUPPORT_PER_EPSILON, Softening, SofteningKernel};
 use crate::gravity::{ForceReport, GravityError, GravitySolver, check_finite};
 use crate::particles::Particles;
@@ -261,7 +262,7 @@ pub struct FmmSolver {
     pub(super) p2p: PairList,
     pub(super) acc: Vec<[f64; 3]>,
     pub(super) pot: Vec<f64>,
-    /// One bit a particle: which tree positions `unsort_in_place` has moved.
+    /// One bit a particle: the scratch of `unsort`'s permutation check and in-place move.
     visited: Vec<u64>,
     /// The cells' moments from a `DeviceTree`, kept between evaluations.
     pub(super) moments_scratch: Vec<[f64; MOMENT_VALUES]>,
@@ -439,8 +440,23 @@ impl FmmSolver {
         stats.seconds.p2p = t0.elapsed().as_secs_f64();
         if tree_order && in_place {
             // Left in tree order.
+        } else if self.tree.order.len() != n
+            || !unsort::is_permutation(&self.tree.order, &mut self.visited)
+        {
+            return Err(GravityError::NotSorted(NotSorted(
+                "a tree order that is not a permutation of the particles",
+            )));
         } else if in_place {
-            unsort_in_place(acc, pot, &self.tree.order, &mut self.visited);
+            // The multipoles are not read again before the next upward pass rebuilds them:
+            // their memory serves as the scratch, so the peak stays where the passes put it.
+            if self.multipoles.len() >= n {
+                unsort::unsort_through(acc, pot, &self.tree.order, &mut self.multipoles);
+                self.multipoles.clear();
+            } else {
+                unsort::unsort_in_place(acc, pot, &self.tree.order, &mut self.visited);
+            }
+        } else if active.is_none() {
+            unsort::unsort_into(&own_acc, &own_pot, &self.tree.order, acc, pot);
         } else {
             for (sorted, &orig) in self.tree.order.iter().enumerate() {
                 if active.is_none_or(|a| a[orig as usize]) {
@@ -1022,32 +1038,5 @@ impl GravitySolver for FmmSolver {
     fn set_caps(&mut self, caps: Caps) {
         self.tracker.set_caps(caps);
         self.caps_known = true;
-    }
-}
-
-/// Moves `acc` and `pot` from tree order (position `s` holds particle `order[s]`'s values)
-/// to the particles' order, in place: each cycle of the permutation is followed once,
-/// `visited` marking the tree positions already moved.
-fn unsort_in_place(acc: &mut [[f64; 3]], pot: &mut [f64], order: &[u32], visited: &mut Vec<u64>) {
-    visited.clear();
-    visited.resize(order.len().div_ceil(64), 0);
-    for start in 0..order.len() {
-        if visited[start / 64] & (1 << (start % 64)) != 0 {
-            continue;
-        }
-        let mut carried = (acc[start], pot[start]);
-        let mut i = start;
-        loop {
-            visited[i / 64] |= 1 << (i % 64);
-            let dest = order[i] as usize;
-            if dest == start {
-                (acc[start], pot[start]) = carried;
-                break;
-            }
-            let next = (acc[dest], pot[dest]);
-            (acc[dest], pot[dest]) = carried;
-            carried = next;
-            i = dest;
-        }
     }
 }
