@@ -26,6 +26,13 @@ mod lanes;
 mod shift;
 
 pub use lanes::M2L_LANES;
+
+/// Adds lane `w` of the lane rows `rows` (from `Operators::l2l_batch`) to `local`.
+pub fn add_lane(rows: &[V], w: usize, local: &mut [f64]) {
+    for (sum, row) in local.iter_mut().zip(rows) {
+        *sum += row[w];
+    }
+}
 pub(super) use lanes::V;
 use lanes::{LaneKernels, select_lane_kernels};
 use shift::ShiftTable;
@@ -287,6 +294,40 @@ impl Operators {
     /// `l2l` at this order, from its table of terms (the same bits).
     pub fn l2l(&self, s: [f64; 3], parent: &[f64], child: &mut [f64], scratch: &mut [f64]) {
         self.l2l_table.apply(s, parent, child, scratch);
+    }
+
+    /// Batched M2M: adds the multipoles `children[w]` (at most `M2L_LANES`), centred at
+    /// the parent's centre + `t[w]`, to `parent`, child after child: the bits of `m2m`
+    /// called for each in turn, the shifts in whole vectors.
+    pub fn m2m_batch(&self, t: &[[f64; 3]; M2L_LANES], children: &[&[f64]], parent: &mut [f64]) {
+        let len = real_len(self.p);
+        let mut a = [[0.0; M2L_LANES]; real_len(MAX_ORDER)];
+        for (w, child) in children.iter().enumerate() {
+            for (row, &v) in a.iter_mut().zip(&child[..len]) {
+                row[w] = v;
+            }
+        }
+        let mut out = [[0.0; M2L_LANES]; real_len(MAX_ORDER)];
+        // SAFETY: the kernels were selected for features this CPU has.
+        unsafe { (self.kernels.shift)(&self.m2m_table, t, &a[..len], &mut out[..len], self.p) };
+        for (sum, row) in parent[..len].iter_mut().zip(&out[..len]) {
+            for v in &row[..children.len()] {
+                *sum += v;
+            }
+        }
+    }
+
+    /// Batched L2L: lane w of `rows` (`real_len(p)` lane rows) is set to what `l2l` adds to
+    /// a child's local expansion for `parent` shifted by `s[w]` (the same bits); `add_lane`
+    /// adds it there.
+    pub fn l2l_batch(&self, s: &[[f64; 3]; M2L_LANES], parent: &[f64], rows: &mut [V]) {
+        let len = real_len(self.p);
+        let mut a = [[0.0; M2L_LANES]; real_len(MAX_ORDER)];
+        for (row, &v) in a.iter_mut().zip(&parent[..len]) {
+            *row = [v; M2L_LANES];
+        }
+        // SAFETY: the kernels were selected for features this CPU has.
+        unsafe { (self.kernels.shift)(&self.l2l_table, s, &a[..len], &mut rows[..len], self.p) };
     }
 
     /// Total non-zeros of the swap matrices (for cost reports and tests).

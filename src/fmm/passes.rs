@@ -3,7 +3,7 @@
 //! L2L down, L2P and P2P into the particles' accelerations — each parallel over cells with
 //! rayon, in a fixed order so that the bits do not depend on the thread count.
 
-use super::expansion::{M2L_LANES, Operators};
+use super::expansion::{M2L_LANES, Operators, V, add_lane};
 use super::p2p::NearScratch;
 use super::solver::FmmSolver;
 use super::tree::{Cell, Tree};
@@ -26,14 +26,40 @@ struct Downward<'a> {
 }
 
 impl Downward<'_> {
-    /// Adds the local expansion of `cell`'s parent, shifted to `cell`, to `local`.
-    fn add_parents(&self, cell: &Cell, local: &mut [f64], scratch: &mut [f64]) {
-        let parent = &self.cells[cell.parent as usize];
-        let off = self.slot[cell.parent as usize] as usize * self.len;
-        let s = sub(cell.centre, parent.centre);
+    /// L2L of the parent of `siblings` (at most `M2L_LANES` cells with the same parent, not
+    /// the root) to each of them, into `rows` (`Operators::l2l_batch`: lane w is what
+    /// `siblings[w]`'s local expansion gets).
+    fn parents_to(&self, siblings: &[u32], rows: &mut [V]) {
+        let parent = self.cells[siblings[0] as usize].parent as usize;
+        let (centre, off) = (
+            self.cells[parent].centre,
+            self.slot[parent] as usize * self.len,
+        );
+        let mut s = [[0.0; 3]; M2L_LANES];
+        for (s, &c) in s.iter_mut().zip(siblings) {
+            *s = sub(self.cells[c as usize].centre, centre);
+        }
         self.ops
-            .l2l(s, &self.locals[off..off + self.len], local, scratch);
+            .l2l_batch(&s, &self.locals[off..off + self.len], rows);
     }
+}
+
+/// `items` in runs of consecutive entries whose cells (`cell_of`) share a parent, at most
+/// `M2L_LANES` long: the batches of one L2L.
+fn sibling_runs<T>(items: Vec<T>, cells: &[Cell], cell_of: impl Fn(&T) -> u32) -> Vec<Vec<T>> {
+    let mut runs: Vec<Vec<T>> = Vec::new();
+    for item in items {
+        let parent = cells[cell_of(&item) as usize].parent;
+        match runs.last_mut() {
+            Some(run)
+                if run.len() < M2L_LANES && cells[cell_of(&run[0]) as usize].parent == parent =>
+            {
+                run.push(item)
+            }
+            _ => runs.push(vec![item]),
+        }
+    }
+    runs
 }
 
 /// P2M of a leaf's particles into `m`, in batches of `M2L_LANES`.
@@ -49,21 +75,26 @@ fn p2m_leaf(ops: &Operators, tree: &Tree, cell: &Cell, m: &mut [f64]) {
     }
 }
 
-/// Adds the multipole `child_m` of `child` to its parent's `m`.
-fn m2m_child(
+/// Adds the multipoles of `parent`'s children (`multipole_of(child's cell index)`) to its
+/// `m`, `M2L_LANES` children at a time (an octree cell has at most 8: one batch).
+fn m2m_children<'a>(
     ops: &Operators,
+    cells: &[Cell],
     parent: &Cell,
-    child: &Cell,
-    child_m: &[f64],
+    multipole_of: impl Fn(usize) -> &'a [f64],
     m: &mut [f64],
-    scratch: &mut [f64],
 ) {
-    let t = [
-        child.centre[0] - parent.centre[0],
-        child.centre[1] - parent.centre[1],
-        child.centre[2] - parent.centre[2],
-    ];
-    ops.m2m(t, child_m, m, scratch);
+    let (first, count) = (parent.first_child as usize, parent.child_count as usize);
+    for start in (first..first + count).step_by(M2L_LANES) {
+        let batch = (first + count - start).min(M2L_LANES);
+        let mut t = [[0.0; 3]; M2L_LANES];
+        let mut children: [&[f64]; M2L_LANES] = [&[]; M2L_LANES];
+        for w in 0..batch {
+            t[w] = sub(cells[start + w].centre, parent.centre);
+            children[w] = multipole_of(start + w);
+        }
+        ops.m2m_batch(&t, &children[..batch], m);
+    }
 }
 
 /// A leaf and the slices of the sorted output arrays that belong to its particles.
@@ -76,7 +107,6 @@ impl FmmSolver {
     /// the sender's own bits (same operations in the same order).
     pub(super) fn rebuild_remote_multipoles(&mut self, first: usize, count: usize, len: usize) {
         let (tree, ops) = (&self.tree, &self.ops);
-        let mut scratch = vec![0.0; len];
         // Breadth first within the tree: children come after their parent.
         for c in (first..first + count).rev() {
             let cell = &tree.cells[c];
@@ -89,17 +119,9 @@ impl FmmSolver {
             if cell.is_leaf() {
                 p2m_leaf(ops, tree, cell, m);
             } else {
-                for ch in cell.children() {
-                    let off = (ch as usize - c - 1) * len;
-                    m2m_child(
-                        ops,
-                        cell,
-                        &tree.cells[ch as usize],
-                        &below[off..off + len],
-                        m,
-                        &mut scratch,
-                    );
-                }
+                let below: &[f64] = below;
+                let multipole_of = |ch: usize| &below[(ch - c - 1) * len..(ch - c) * len];
+                m2m_children(ops, &tree.cells, cell, multipole_of, m);
             }
         }
     }
@@ -115,21 +137,18 @@ impl FmmSolver {
             let (done, rest) = self.multipoles.split_at_mut(hi * len);
             let this_level = &mut done[lo * len..];
             let below: &[f64] = rest;
-            this_level.par_chunks_mut(len).enumerate().for_each_init(
-                || vec![0.0; len],
-                |scratch, (i, m)| {
+            this_level
+                .par_chunks_mut(len)
+                .enumerate()
+                .for_each(|(i, m)| {
                     let cell = &tree.cells[lo + i];
                     if cell.is_leaf() {
                         p2m_leaf(ops, tree, cell, m);
                     } else {
-                        for ch in cell.children() {
-                            let c = &tree.cells[ch as usize];
-                            let off = (ch as usize - hi) * len;
-                            m2m_child(ops, cell, c, &below[off..off + len], m, scratch);
-                        }
+                        let multipole_of = |ch: usize| &below[(ch - hi) * len..(ch - hi + 1) * len];
+                        m2m_children(ops, &tree.cells, cell, multipole_of, m);
                     }
-                },
-            );
+                });
         }
     }
 
@@ -194,14 +213,21 @@ impl FmmSolver {
             let (above, rest) = locals.split_at_mut(first * len);
             let down = self.downward(above, len);
             let targets = &self.targets;
-            rest[..(last - first) * len]
-                .par_chunks_mut(len)
-                .zip(self.internal[first..last].par_iter())
+            let wanted: Vec<(u32, &mut [f64])> = rest[..(last - first) * len]
+                .chunks_mut(len)
+                .zip(self.internal[first..last].iter().copied())
+                .filter(|(_, c)| targets.get(*c as usize) != Some(&false))
+                .map(|(local, c)| (c, local))
+                .collect();
+            sibling_runs(wanted, &tree.cells, |(c, _)| *c)
+                .into_par_iter()
                 .for_each_init(
-                    || vec![0.0; len],
-                    |scratch, (local, &c)| {
-                        if targets.get(c as usize) != Some(&false) {
-                            down.add_parents(&tree.cells[c as usize], local, scratch);
+                    || vec![[0.0; M2L_LANES]; len],
+                    |rows, run| {
+                        let siblings: Vec<u32> = run.iter().map(|(c, _)| *c).collect();
+                        down.parents_to(&siblings, rows);
+                        for (w, (_, local)) in run.into_iter().enumerate() {
+                            add_lane(rows, w, local);
                         }
                     },
                 );
@@ -250,36 +276,47 @@ impl FmmSolver {
         let targets = &self.targets;
         let down = self.downward(&self.locals, len);
         let zero = vec![0.0; len];
-        Self::leaf_slices(tree, acc, pot)
-            .into_par_iter()
+        let wanted: Vec<LeafOutput> = Self::leaf_slices(tree, acc, pot)
+            .into_iter()
             .filter(|(leaf, _, _)| targets.get(*leaf as usize) != Some(&false))
+            .collect();
+        sibling_runs(wanted, &tree.cells, |(leaf, _, _)| *leaf)
+            .into_par_iter()
             .map_init(
-                || (vec![0.0; len], vec![0.0; len]),
-                |(local, scratch), (leaf, acc, pot)| {
+                || (vec![0.0; len], vec![[0.0; M2L_LANES]; len]),
+                |(local, rows), run| {
                     let start = Instant::now();
-                    let cell = &tree.cells[leaf as usize];
-                    local.fill(0.0);
-                    self.m2l_into(leaf as usize, len, local, &zero);
-                    let m2l_done = Instant::now();
-                    if cell.level > 0 {
-                        down.add_parents(cell, local, scratch);
+                    let siblings: Vec<u32> = run.iter().map(|(leaf, _, _)| *leaf).collect();
+                    let below_root = tree.cells[siblings[0] as usize].level > 0;
+                    if below_root {
+                        down.parents_to(&siblings, rows);
                     }
-                    let particles = &tree.pos[cell.begin as usize..cell.end as usize];
-                    for (b, x) in particles.chunks(M2L_LANES).enumerate() {
-                        let y = std::array::from_fn(|w| {
-                            x.get(w).map_or([0.0; 3], |x| sub(*x, cell.centre))
-                        });
-                        let out = ops.l2p_batch(&y, local);
-                        for (w, o) in out.iter().take(x.len()).enumerate() {
-                            let k = b * M2L_LANES + w;
-                            acc[k] = [g * o[1], g * o[2], g * o[3]];
-                            pot[k] = -g * o[0];
+                    let mut seconds = [0.0, start.elapsed().as_secs_f64()];
+                    for (w, (leaf, acc, pot)) in run.into_iter().enumerate() {
+                        let start = Instant::now();
+                        let cell = &tree.cells[leaf as usize];
+                        local.fill(0.0);
+                        self.m2l_into(leaf as usize, len, local, &zero);
+                        let m2l_done = Instant::now();
+                        if below_root {
+                            add_lane(rows, w, local);
                         }
+                        let particles = &tree.pos[cell.begin as usize..cell.end as usize];
+                        for (b, x) in particles.chunks(M2L_LANES).enumerate() {
+                            let y = std::array::from_fn(|w| {
+                                x.get(w).map_or([0.0; 3], |x| sub(*x, cell.centre))
+                            });
+                            let out = ops.l2p_batch(&y, local);
+                            for (w, o) in out.iter().take(x.len()).enumerate() {
+                                let k = b * M2L_LANES + w;
+                                acc[k] = [g * o[1], g * o[2], g * o[3]];
+                                pot[k] = -g * o[0];
+                            }
+                        }
+                        seconds[0] += (m2l_done - start).as_secs_f64();
+                        seconds[1] += m2l_done.elapsed().as_secs_f64();
                     }
-                    [
-                        (m2l_done - start).as_secs_f64(),
-                        m2l_done.elapsed().as_secs_f64(),
-                    ]
+                    seconds
                 },
             )
             .reduce(|| [0.0; 2], |a, b| [a[0] + b[0], a[1] + b[1]])

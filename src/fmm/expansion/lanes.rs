@@ -390,12 +390,14 @@ pub(super) struct LaneKernels {
     pub(super) m2l: M2lKernel,
     pub(super) l2p: L2pKernel,
     pub(super) p2m: P2mKernel,
+    pub(super) shift: ShiftKernel,
 }
 
 type M2lKernel =
     unsafe fn(&Operators, &[[f64; 3]; M2L_LANES], &[&[f64]; M2L_LANES], &mut [f64], usize);
 type L2pKernel = unsafe fn(&[[f64; 3]; M2L_LANES], &[f64], usize) -> [[f64; 4]; M2L_LANES];
 type P2mKernel = unsafe fn(&[[f64; 3]; M2L_LANES], &[f64; M2L_LANES], &mut [f64], usize);
+type ShiftKernel = unsafe fn(&ShiftTable, &[[f64; 3]; M2L_LANES], &[V], &mut [V], usize);
 
 /// Calls `$f::<P, real_len(P)>($args)` for the runtime order `$p`.
 macro_rules! by_order {
@@ -460,6 +462,19 @@ macro_rules! lane_kernels {
             ) {
                 by_order!(p, p2m_lanes, y, q, multipole)
             }
+
+            /// # Safety
+            /// The CPU must support the enabled features.
+            #[$attr]
+            pub(super) unsafe fn shift(
+                table: &ShiftTable,
+                t: &[[f64; 3]; M2L_LANES],
+                a: &[V],
+                out: &mut [V],
+                p: usize,
+            ) {
+                by_order!(p, shift_lanes, table, t, a, out)
+            }
         }
     };
 }
@@ -484,6 +499,7 @@ pub(super) fn select_lane_kernels() -> LaneKernels {
                 m2l: avx512::m2l,
                 l2p: avx512::l2p,
                 p2m: avx512::p2m,
+                shift: avx512::shift,
             };
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
@@ -492,6 +508,7 @@ pub(super) fn select_lane_kernels() -> LaneKernels {
                 m2l: avx2::m2l,
                 l2p: avx2::l2p,
                 p2m: avx2::p2m,
+                shift: avx2::shift,
             };
         }
     }
@@ -499,6 +516,7 @@ pub(super) fn select_lane_kernels() -> LaneKernels {
         m2l: portable::m2l,
         l2p: portable::l2p,
         p2m: portable::p2m,
+        shift: portable::shift,
     }
 }
 
@@ -646,6 +664,19 @@ fn p2m_lanes<const P: usize, const LEN: usize>(
     }
 }
 
+/// M2M or L2L (`table`) of `M2L_LANES` expansions `a` (lane rows) by the offsets `t`, into
+/// `out` (lane rows; see `ShiftTable::apply_lanes`).
+#[inline(always)]
+fn shift_lanes<const P: usize, const LEN: usize>(
+    table: &ShiftTable,
+    t: &[[f64; 3]; M2L_LANES],
+    a: &[V],
+    out: &mut [V],
+) {
+    let r = regular_lanes::<P, LEN>(t);
+    table.apply_lanes(&a[..LEN], &r, &mut out[..LEN]);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -696,6 +727,58 @@ mod tests {
                     out, &outputs[0],
                     "build {b} differs from the portable one at p = {p}"
                 );
+            }
+        }
+    }
+
+    /// Every build of the batched M2M and L2L gives the bits of the table's `apply`, one
+    /// expansion at a time, at every order.
+    #[test]
+    fn every_build_of_the_batched_shifts_gives_the_tables_bits() {
+        let mut seed = 5u64;
+        let mut next = || {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 11) as f64 / (1u64 << 53) as f64 - 0.5
+        };
+        let mut builds: Vec<ShiftKernel> = vec![portable::shift];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                builds.push(avx2::shift);
+            }
+            if std::arch::is_x86_feature_detected!("avx512f") {
+                builds.push(avx512::shift);
+            }
+        }
+        for p in 1..=MAX_ORDER {
+            let len = real_len(p);
+            let tables = [ShiftTable::m2m(p), ShiftTable::l2l(p)];
+            let a: Vec<V> = (0..len).map(|_| std::array::from_fn(|_| next())).collect();
+            let t: [[f64; 3]; M2L_LANES] = std::array::from_fn(|_| [next(), next(), next()]);
+            for table in &tables {
+                let mut scratch = vec![0.0; len];
+                let want: Vec<Vec<u64>> = (0..M2L_LANES)
+                    .map(|w| {
+                        let lane: Vec<f64> = a.iter().map(|row| row[w]).collect();
+                        let mut out = vec![0.0; len];
+                        table.apply(t[w], &lane, &mut out, &mut scratch);
+                        out.iter().map(|x| x.to_bits()).collect()
+                    })
+                    .collect();
+                for (b, shift) in builds.iter().enumerate() {
+                    let mut out = vec![[f64::NAN; M2L_LANES]; len];
+                    // SAFETY: only the builds this CPU runs are listed.
+                    unsafe { shift(table, &t, &a, &mut out, p) };
+                    for (w, lane) in want.iter().enumerate() {
+                        let got: Vec<u64> =
+                            out.iter().map(|row| (row[w] + 0.0).to_bits()).collect();
+                        assert_eq!(&got, lane, "build {b}, lane {w}, p = {p}");
+                    }
+                }
             }
         }
     }

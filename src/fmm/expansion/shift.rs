@@ -5,7 +5,7 @@
 //! multiply–adds. The same products are added in the same order (a sign change is exact),
 //! so the bits are those of the free functions (a test checks it).
 
-use super::{cidx, complex_len, regular};
+use super::{M2L_LANES, V, cidx, complex_len, regular};
 
 /// Negate the real part of a coefficient.
 const NEG_RE: u8 = 1;
@@ -113,6 +113,36 @@ impl ShiftTable {
             }
             out[2 * c] += re;
             out[2 * c + 1] += im;
+            first = end as usize;
+        }
+    }
+
+    /// `apply` on `M2L_LANES` expansions at once: lane w of `out` (lane rows, as `a` and
+    /// `r`: row k holds coefficient k of every lane) is set to what `apply` adds for lane
+    /// w's expansion in `a` and regular harmonics in `r` — the same products summed in the
+    /// same order, so the same bits, lane by lane in whole vectors.
+    #[inline(always)]
+    pub(super) fn apply_lanes(&self, a: &[V], r: &[V], out: &mut [V]) {
+        const W: usize = M2L_LANES;
+        let sign = |signs: u8, bit: u8| u64::from(signs & bit != 0) << 63;
+        let flip = |x: f64, mask: u64| f64::from_bits(x.to_bits() ^ mask);
+        let mut first = 0;
+        for (c, &end) in self.ends.iter().enumerate() {
+            let (mut re, mut im) = ([0.0; W], [0.0; W]);
+            for t in &self.terms[first..end as usize] {
+                let (ka, kr) = (2 * t.a as usize, 2 * t.r as usize);
+                let (a_re, a_im) = (sign(t.a_signs, NEG_RE), sign(t.a_signs, NEG_IM));
+                let (r_re, r_im) = (sign(t.r_signs, NEG_RE), sign(t.r_signs, NEG_IM));
+                let (ar, ai, rr, ri) = (&a[ka], &a[ka + 1], &r[kr], &r[kr + 1]);
+                for w in 0..W {
+                    let (ar, ai) = (flip(ar[w], a_re), flip(ai[w], a_im));
+                    let (rr, ri) = (flip(rr[w], r_re), flip(ri[w], r_im));
+                    re[w] += ar * rr - ai * ri;
+                    im[w] += ar * ri + ai * rr;
+                }
+            }
+            out[2 * c] = re;
+            out[2 * c + 1] = im;
             first = end as usize;
         }
     }
