@@ -286,16 +286,6 @@ impl Operators {
         self.p
     }
 
-    /// `m2m` at this order, from its table of terms (the same bits).
-    pub fn m2m(&self, t: [f64; 3], child: &[f64], parent: &mut [f64], scratch: &mut [f64]) {
-        self.m2m_table.apply(t, child, parent, scratch);
-    }
-
-    /// `l2l` at this order, from its table of terms (the same bits).
-    pub fn l2l(&self, s: [f64; 3], parent: &[f64], child: &mut [f64], scratch: &mut [f64]) {
-        self.l2l_table.apply(s, parent, child, scratch);
-    }
-
     /// Batched M2M: adds the multipoles `children[w]` (at most `M2L_LANES`), centred at
     /// the parent's centre + `t[w]`, to `parent`, child after child: the bits of `m2m`
     /// called for each in turn, the shifts in whole vectors.

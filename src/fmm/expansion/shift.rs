@@ -1,11 +1,12 @@
 //! M2M and L2L as tables of their terms: `expansion::m2m` and `expansion::l2l` walk the
 //! same sums with index arithmetic and a branch per coefficient for the real-source
 //! symmetry of negative orders; here each term's two coefficient indices and sign changes
-//! are listed once per order, so the loop is a gather, two sign flips and two complex
-//! multiply–adds. The same products are added in the same order (a sign change is exact),
-//! so the bits are those of the free functions (a test checks it).
+//! are listed once per order, so the loop is two sign flips and two complex multiply–adds,
+//! on `M2L_LANES` expansions at once (a parent's children, or one parent's local for its
+//! children). The same products are added in the same order (a sign change is exact), so
+//! the bits are those of the free functions (a test in `lanes` checks every build).
 
-use super::{M2L_LANES, V, cidx, complex_len, regular};
+use super::{M2L_LANES, V, cidx};
 
 /// Negate the real part of a coefficient.
 const NEG_RE: u8 = 1;
@@ -26,7 +27,6 @@ struct Term {
 /// The terms of one shift operator at one order, output coefficient by output coefficient.
 #[derive(Debug, Clone, Default)]
 pub(super) struct ShiftTable {
-    p: usize,
     terms: Vec<Term>,
     /// One past each output coefficient's last term, in coefficient order.
     ends: Vec<u32>,
@@ -77,10 +77,7 @@ impl ShiftTable {
     }
 
     fn build(p: usize, mut terms_of: impl FnMut(usize, usize, &mut Vec<Term>)) -> Self {
-        let mut table = ShiftTable {
-            p,
-            ..Default::default()
-        };
+        let mut table = ShiftTable::default();
         for n in 0..=p {
             for m in 0..=n {
                 terms_of(n, m, &mut table.terms);
@@ -90,37 +87,11 @@ impl ShiftTable {
         table
     }
 
-    /// Adds the shift of `a` by `t` to `out` (`scratch`: `real_len(p)` values).
-    pub(super) fn apply(&self, t: [f64; 3], a: &[f64], out: &mut [f64], scratch: &mut [f64]) {
-        regular(self.p, t, scratch);
-        let len = 2 * complex_len(self.p);
-        let (a, r, out) = (&a[..len], &scratch[..len], &mut out[..len]);
-        // The sign changes as flips of the sign bit, without a branch.
-        let signed = |v: &[f64], k: u16, signs: u8| {
-            let k = 2 * k as usize;
-            let flip =
-                |x: f64, bit: u8| f64::from_bits(x.to_bits() ^ (u64::from(signs & bit != 0) << 63));
-            (flip(v[k], NEG_RE), flip(v[k + 1], NEG_IM))
-        };
-        let mut first = 0;
-        for (c, &end) in self.ends.iter().enumerate() {
-            let (mut re, mut im) = (0.0, 0.0);
-            for t in &self.terms[first..end as usize] {
-                let (ar, ai) = signed(a, t.a, t.a_signs);
-                let (rr, ri) = signed(r, t.r, t.r_signs);
-                re += ar * rr - ai * ri;
-                im += ar * ri + ai * rr;
-            }
-            out[2 * c] += re;
-            out[2 * c + 1] += im;
-            first = end as usize;
-        }
-    }
-
-    /// `apply` on `M2L_LANES` expansions at once: lane w of `out` (lane rows, as `a` and
-    /// `r`: row k holds coefficient k of every lane) is set to what `apply` adds for lane
-    /// w's expansion in `a` and regular harmonics in `r` — the same products summed in the
-    /// same order, so the same bits, lane by lane in whole vectors.
+    /// The shift of `M2L_LANES` expansions at once: lane w of `out` (lane rows, as `a` and
+    /// `r`: row k holds coefficient k of every lane) is set to the shift of lane w's
+    /// expansion in `a` by the offset whose regular harmonics are lane w of `r` — what the
+    /// free function adds, the same products summed in the same order, lane by lane in
+    /// whole vectors.
     #[inline(always)]
     pub(super) fn apply_lanes(&self, a: &[V], r: &[V], out: &mut [V]) {
         const W: usize = M2L_LANES;
@@ -144,55 +115,6 @@ impl ShiftTable {
             out[2 * c] = re;
             out[2 * c + 1] = im;
             first = end as usize;
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::{MAX_ORDER, l2l, m2m, real_len};
-    use super::*;
-
-    /// Deterministic values in [-1, 1).
-    fn values(n: usize, seed: u64) -> Vec<f64> {
-        let mut s = seed;
-        (0..n)
-            .map(|_| {
-                s = s
-                    .wrapping_mul(6364136223846793005)
-                    .wrapping_add(1442695040888963407);
-                (s >> 11) as f64 / (1u64 << 52) as f64 - 1.0
-            })
-            .collect()
-    }
-
-    #[test]
-    fn the_tables_give_the_free_functions_bits() {
-        for p in 1..=MAX_ORDER {
-            let len = real_len(p);
-            let (m2m_table, l2l_table) = (ShiftTable::m2m(p), ShiftTable::l2l(p));
-            for seed in 0..4 {
-                let a = values(len, seed);
-                let start = values(len, seed + 100);
-                let t = [0.3 - 0.2 * seed as f64, -0.45, 0.125 + 0.1 * seed as f64];
-                let mut scratch = vec![0.0; len];
-                for (table, free) in [
-                    (
-                        &m2m_table,
-                        m2m as fn(usize, [f64; 3], &[f64], &mut [f64], &mut [f64]),
-                    ),
-                    (&l2l_table, l2l),
-                ] {
-                    let (mut want, mut got) = (start.clone(), start.clone());
-                    free(p, t, &a, &mut want, &mut scratch);
-                    table.apply(t, &a, &mut got, &mut scratch);
-                    let same = want
-                        .iter()
-                        .zip(&got)
-                        .all(|(w, g)| w.to_bits() == g.to_bits());
-                    assert!(same, "order {p}, seed {seed}: the table's sums differ");
-                }
-            }
         }
     }
 }
