@@ -46,20 +46,16 @@ impl Downward<'_> {
 
 /// `items` in runs of consecutive entries whose cells (`cell_of`) share a parent, at most
 /// `M2L_LANES` long: the batches of one L2L.
-fn sibling_runs<T>(items: Vec<T>, cells: &[Cell], cell_of: impl Fn(&T) -> u32) -> Vec<Vec<T>> {
-    let mut runs: Vec<Vec<T>> = Vec::new();
-    for item in items {
-        let parent = cells[cell_of(&item) as usize].parent;
-        match runs.last_mut() {
-            Some(run)
-                if run.len() < M2L_LANES && cells[cell_of(&run[0]) as usize].parent == parent =>
-            {
-                run.push(item)
-            }
-            _ => runs.push(vec![item]),
-        }
-    }
-    runs
+fn sibling_runs<'a, T>(
+    items: &'a mut [T],
+    cells: &[Cell],
+    cell_of: impl Fn(&T) -> u32,
+) -> Vec<&'a mut [T]> {
+    let parent = |item: &T| cells[cell_of(item) as usize].parent;
+    items
+        .chunk_by_mut(|a, b| parent(a) == parent(b))
+        .flat_map(|run| run.chunks_mut(M2L_LANES))
+        .collect()
 }
 
 /// P2M of a leaf's particles into `m`, in batches of `M2L_LANES`.
@@ -213,20 +209,21 @@ impl FmmSolver {
             let (above, rest) = locals.split_at_mut(first * len);
             let down = self.downward(above, len);
             let targets = &self.targets;
-            let wanted: Vec<(u32, &mut [f64])> = rest[..(last - first) * len]
+            let mut wanted: Vec<(u32, &mut [f64])> = rest[..(last - first) * len]
                 .chunks_mut(len)
                 .zip(self.internal[first..last].iter().copied())
                 .filter(|(_, c)| targets.get(*c as usize) != Some(&false))
                 .map(|(local, c)| (c, local))
                 .collect();
-            sibling_runs(wanted, &tree.cells, |(c, _)| *c)
+            sibling_runs(&mut wanted, &tree.cells, |(c, _)| *c)
                 .into_par_iter()
                 .for_each_init(
                     || vec![[0.0; M2L_LANES]; len],
                     |rows, run| {
-                        let siblings: Vec<u32> = run.iter().map(|(c, _)| *c).collect();
-                        down.parents_to(&siblings, rows);
-                        for (w, (_, local)) in run.into_iter().enumerate() {
+                        let siblings: [u32; M2L_LANES] =
+                            std::array::from_fn(|w| run.get(w).map_or(0, |(c, _)| *c));
+                        down.parents_to(&siblings[..run.len()], rows);
+                        for (w, (_, local)) in run.iter_mut().enumerate() {
                             add_lane(rows, w, local);
                         }
                     },
@@ -276,23 +273,25 @@ impl FmmSolver {
         let targets = &self.targets;
         let down = self.downward(&self.locals, len);
         let zero = vec![0.0; len];
-        let wanted: Vec<LeafOutput> = Self::leaf_slices(tree, acc, pot)
+        let mut wanted: Vec<LeafOutput> = Self::leaf_slices(tree, acc, pot)
             .into_iter()
             .filter(|(leaf, _, _)| targets.get(*leaf as usize) != Some(&false))
             .collect();
-        sibling_runs(wanted, &tree.cells, |(leaf, _, _)| *leaf)
+        sibling_runs(&mut wanted, &tree.cells, |(leaf, _, _)| *leaf)
             .into_par_iter()
             .map_init(
                 || (vec![0.0; len], vec![[0.0; M2L_LANES]; len]),
                 |(local, rows), run| {
                     let start = Instant::now();
-                    let siblings: Vec<u32> = run.iter().map(|(leaf, _, _)| *leaf).collect();
+                    let siblings: [u32; M2L_LANES] =
+                        std::array::from_fn(|w| run.get(w).map_or(0, |(leaf, _, _)| *leaf));
                     let below_root = tree.cells[siblings[0] as usize].level > 0;
                     if below_root {
-                        down.parents_to(&siblings, rows);
+                        down.parents_to(&siblings[..run.len()], rows);
                     }
                     let mut seconds = [0.0, start.elapsed().as_secs_f64()];
-                    for (w, (leaf, acc, pot)) in run.into_iter().enumerate() {
+                    for (w, (leaf, acc, pot)) in run.iter_mut().enumerate() {
+                        let leaf = *leaf;
                         let start = Instant::now();
                         let cell = &tree.cells[leaf as usize];
                         local.fill(0.0);
