@@ -681,29 +681,42 @@ fn shift_lanes<const P: usize, const LEN: usize>(
 mod tests {
     use super::*;
 
-    /// Every build of the M2L this CPU runs gives the same bits (the AVX-512 build moves
-    /// the lanes with its own shuffles; the arithmetic is the same in all of them).
-    #[test]
-    fn every_build_of_the_m2l_gives_the_same_bits() {
-        let mut seed = 11u64;
-        let mut next = || {
+    /// The builds of lane kernel `$k` this CPU runs, the portable one first.
+    macro_rules! builds {
+        ($k:ident) => {{
+            #[allow(unused_mut)]
+            let mut builds = vec![portable::$k as _];
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    builds.push(avx2::$k as _);
+                }
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    builds.push(avx512::$k as _);
+                }
+            }
+            builds
+        }};
+    }
+
+    /// Deterministic values in [-0.5, 0.5) from `seed`.
+    fn uniform(mut seed: u64) -> impl FnMut() -> f64 {
+        move || {
             seed = seed
                 .wrapping_mul(6364136223846793005)
                 .wrapping_add(1442695040888963407);
             (seed >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-        };
-        let mut builds: Vec<M2lKernel> = vec![portable::m2l];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                builds.push(avx2::m2l);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                builds.push(avx512::m2l);
-            }
         }
+    }
+
+    /// Every build of the M2L this CPU runs gives the same bits (the AVX-512 build moves
+    /// the lanes with its own shuffles; the arithmetic is the same in all of them).
+    #[test]
+    fn every_build_of_the_m2l_gives_the_same_bits() {
+        let mut next = uniform(11);
+        let builds: Vec<M2lKernel> = builds!(m2l);
         for p in [1, 3, 7, 9, 12] {
             let ops = Operators::new(p);
             let len = real_len(p);
@@ -735,25 +748,8 @@ mod tests {
     /// and `l2l`, one expansion at a time, at every order.
     #[test]
     fn every_build_of_the_batched_shifts_gives_the_free_functions_bits() {
-        let mut seed = 5u64;
-        let mut next = || {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 11) as f64 / (1u64 << 53) as f64 - 0.5
-        };
-        let mut builds: Vec<ShiftKernel> = vec![portable::shift];
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                builds.push(avx2::shift);
-            }
-            if std::arch::is_x86_feature_detected!("avx512f") {
-                builds.push(avx512::shift);
-            }
-        }
+        let mut next = uniform(5);
+        let builds: Vec<ShiftKernel> = builds!(shift);
         for p in 1..=MAX_ORDER {
             let len = real_len(p);
             type Free = fn(usize, [f64; 3], &[f64], &mut [f64], &mut [f64]);
