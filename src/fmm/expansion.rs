@@ -26,6 +26,9 @@ mod lanes;
 mod shift;
 
 pub use lanes::M2L_LANES;
+pub(super) use lanes::V;
+use lanes::{LaneKernels, select_lane_kernels};
+use shift::ShiftTable;
 
 /// Adds lane `w` of the lane rows `rows` (from `Operators::l2l_batch`) to `local`.
 pub fn add_lane(rows: &[V], w: usize, local: &mut [f64]) {
@@ -33,9 +36,6 @@ pub fn add_lane(rows: &[V], w: usize, local: &mut [f64]) {
         *sum += row[w];
     }
 }
-pub(super) use lanes::V;
-use lanes::{LaneKernels, select_lane_kernels};
-use shift::ShiftTable;
 
 /// Number of stored complex coefficients for order `p` (0 <= m <= n <= p).
 pub const fn complex_len(p: usize) -> usize {

@@ -26,18 +26,18 @@ struct Downward<'a> {
 }
 
 impl Downward<'_> {
-    /// L2L of the parent of `siblings` (at most `M2L_LANES` cells with the same parent, not
-    /// the root) to each of them, into `rows` (`Operators::l2l_batch`: lane w is what
-    /// `siblings[w]`'s local expansion gets).
-    fn parents_to(&self, siblings: &[u32], rows: &mut [V]) {
-        let parent = self.cells[siblings[0] as usize].parent as usize;
+    /// L2L of the parent of the cells of `run` (`cell_of`; at most `M2L_LANES` entries
+    /// whose cells share a parent, not the root) to each of them, into `rows`
+    /// (`Operators::l2l_batch`: lane w is what `run[w]`'s local expansion gets).
+    fn parents_to<T>(&self, run: &[T], cell_of: impl Fn(&T) -> u32, rows: &mut [V]) {
+        let parent = self.cells[cell_of(&run[0]) as usize].parent as usize;
         let (centre, off) = (
             self.cells[parent].centre,
             self.slot[parent] as usize * self.len,
         );
         let mut s = [[0.0; 3]; M2L_LANES];
-        for (s, &c) in s.iter_mut().zip(siblings) {
-            *s = sub(self.cells[c as usize].centre, centre);
+        for (s, item) in s.iter_mut().zip(run) {
+            *s = sub(self.cells[cell_of(item) as usize].centre, centre);
         }
         self.ops
             .l2l_batch(&s, &self.locals[off..off + self.len], rows);
@@ -220,9 +220,7 @@ impl FmmSolver {
                 .for_each_init(
                     || vec![[0.0; M2L_LANES]; len],
                     |rows, run| {
-                        let siblings: [u32; M2L_LANES] =
-                            std::array::from_fn(|w| run.get(w).map_or(0, |(c, _)| *c));
-                        down.parents_to(&siblings[..run.len()], rows);
+                        down.parents_to(run, |(c, _)| *c, rows);
                         for (w, (_, local)) in run.iter_mut().enumerate() {
                             add_lane(rows, w, local);
                         }
@@ -283,11 +281,10 @@ impl FmmSolver {
                 || (vec![0.0; len], vec![[0.0; M2L_LANES]; len]),
                 |(local, rows), run| {
                     let start = Instant::now();
-                    let siblings: [u32; M2L_LANES] =
-                        std::array::from_fn(|w| run.get(w).map_or(0, |(leaf, _, _)| *leaf));
-                    let below_root = tree.cells[siblings[0] as usize].level > 0;
+                    let leaf_of = |(leaf, _, _): &LeafOutput| *leaf;
+                    let below_root = tree.cells[leaf_of(&run[0]) as usize].level > 0;
                     if below_root {
-                        down.parents_to(&siblings[..run.len()], rows);
+                        down.parents_to(run, leaf_of, rows);
                     }
                     let mut seconds = [0.0, start.elapsed().as_secs_f64()];
                     for (w, (leaf, acc, pot)) in run.iter_mut().enumerate() {

@@ -440,9 +440,17 @@ impl FmmSolver {
         stats.seconds.p2p = t0.elapsed().as_secs_f64();
         if tree_order && in_place {
             // Left in tree order.
+        } else if let Some(active) = active {
+            for (sorted, &orig) in self.tree.order.iter().enumerate() {
+                if active[orig as usize] {
+                    acc[orig as usize] = own_acc[sorted];
+                    pot[orig as usize] = own_pot[sorted];
+                }
+            }
         } else if self.tree.order.len() != n
             || !unsort::is_permutation(&self.tree.order, &mut self.visited)
         {
+            // The parallel moves below write disjoint slots only for a permutation.
             return Err(GravityError::NotSorted(NotSorted(
                 "a tree order that is not a permutation of the particles",
             )));
@@ -455,15 +463,8 @@ impl FmmSolver {
             } else {
                 unsort::unsort_in_place(acc, pot, &self.tree.order, &mut self.visited);
             }
-        } else if active.is_none() {
-            unsort::unsort_into(&own_acc, &own_pot, &self.tree.order, acc, pot);
         } else {
-            for (sorted, &orig) in self.tree.order.iter().enumerate() {
-                if active.is_none_or(|a| a[orig as usize]) {
-                    acc[orig as usize] = own_acc[sorted];
-                    pot[orig as usize] = own_pot[sorted];
-                }
-            }
+            unsort::unsort_into(&own_acc, &own_pot, &self.tree.order, acc, pot);
         }
         (self.acc, self.pot) = (own_acc, own_pot);
         // An evaluation for some particles (block time steps) needs less than a full one: the
