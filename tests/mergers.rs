@@ -25,10 +25,14 @@ const PERICENTRE: f64 = 4.0;
 const TOUCH: f64 = 40.0;
 
 fn config(name: &str, galaxies: &str, extra_ics: &str, t_end: f64) -> String {
+    seeded_config(name, galaxies, extra_ics, t_end, 5)
+}
+
+fn seeded_config(name: &str, galaxies: &str, extra_ics: &str, t_end: f64, seed: u64) -> String {
     format!(
         r#"name = "{name}"
 output_dir = "runs"
-seed = 5
+seed = {seed}
 units = "galactic"
 {galaxies}
 {extra_ics}
@@ -205,24 +209,25 @@ fn two_disks_follow_the_two_body_orbit_until_their_halos_touch() {
         .fold(f64::INFINITY, f64::min);
     assert!(closest < 3.0 * PERICENTRE, "closest approach {closest}");
 
-    // Energy: the pair through its pericentre as one of the galaxies alone, same steps.
+    // Energy: the pair through its pericentre against one of the galaxies alone, same
+    // steps. Both errors are the leapfrog's truncation error, set by a few close passes, so
+    // round-off moves them: one galaxy alone gave 1.0–2.4e-3 over seeds 5–8 and the pair
+    // 0.9–2.4x the galaxy of its own seed (the near field's `1/sqrt` estimate alone moved
+    // seed 5's galaxy from 2.0e-3 to 1.6e-3). So the pair is held to twice the largest of
+    // three seeds' galaxies (1.6x at seed 5 with either estimate).
     let model = repo("ics/small_disk.toml").display().to_string();
     let alone = format!("[[ics.galaxies]]\nmodel = \"{model}\"\nn = {N}\n");
-    run(
-        dir.path(),
-        "alone",
-        &config("alone", &alone, "", t_end),
-        &[],
-    );
-    let (pair, single) = (
-        max_energy_error(&dir.path().join("runs/pair")),
-        max_energy_error(&dir.path().join("runs/alone")),
-    );
-    // The passage through the pericentre heats the pair a little (1.3x at this seed and
-    // step, 1.25x at twice the step); both errors are the leapfrog's truncation error.
+    let mut single: f64 = 0.0;
+    for seed in [5, 6, 7] {
+        let name = format!("alone{seed}");
+        let text = seeded_config(&name, &alone, "", t_end, seed);
+        run(dir.path(), &name, &text, &[]);
+        single = single.max(max_energy_error(&dir.path().join("runs").join(&name)));
+    }
+    let pair = max_energy_error(&dir.path().join("runs/pair"));
     assert!(
         pair <= 2.0 * single,
-        "max |ΔE/E| {pair:.2e} for the pair against {single:.2e} for one galaxy"
+        "max |ΔE/E| {pair:.2e} for the pair against {single:.2e} for one galaxy (3 seeds)"
     );
 }
 

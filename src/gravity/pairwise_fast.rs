@@ -3,13 +3,16 @@
 //!
 //! Why by hand: the compiler's vectorisation of the generic loop kept the sums in memory,
 //! would not fuse multiply–adds, and computed `1/sqrt` with a square root and a division,
-//! the two slowest vector instructions (1.8e9 interactions per second per core on AVX-512,
-//! where this reaches ~3.7e9; `cargo bench --bench p2p`). Every build does the same IEEE
-//! operations in the same order on each lane — fused multiply–adds included (the portable
-//! build calls `f32::mul_add`) — so all give the same bits, and a run restarted on another
-//! machine continues exactly. `1/sqrt(r²)` starts from the bit-pattern estimate and takes
-//! three Newton steps (not the CPU's `vrsqrt14ps`/`rsqrtps`, which differ between
-//! instruction sets): ~1e-7 relative, unbiased at f32's rounding.
+//! the two slowest vector instructions (1.8e9 interactions per second per core on AVX-512;
+//! `cargo bench --bench p2p`). Every build does the same IEEE operations in the same order on
+//! each lane but for `1/sqrt(r²)`, which each takes from its own estimate: AVX-512 the CPU's
+//! `vrsqrt14ps` (2^-14) and one Newton step, AVX2 `rsqrtps` (1.5·2^-12) and one, the portable
+//! build the bit-pattern estimate and three (`rsqrt`); every one within 3e-7 of the exact
+//! value (tests below). So a build gives the same bits for any thread count, and builds differ
+//! from each other at f32's rounding: a run restarted on a CPU with another instruction set
+//! continues within round-off, not bit for bit. Why not one estimate for all: the bit-pattern
+//! estimate's shift and three Newton steps are 11 of the AVX-512 loop's ~26 instructions a
+//! chunk, the hardware estimate and one step 5 (2.1–2.4e9 → 2.8–3.0e9 interactions/s).
 
 use super::pairwise::{BlockSums, FLUSH_CHUNKS, FastWindow, SplineChunks, Staged, TARGET_BLOCK};
 
@@ -172,9 +175,6 @@ unsafe fn window_avx512(
 ) -> BlockSums<TB> {
     use std::arch::x86_64::*;
     let from = _mm512_set1_ps(spline.newtonian_from);
-    let three_halves = _mm512_set1_ps(1.5);
-    let half = _mm512_set1_ps(0.5);
-    let magic = _mm512_set1_epi32(RSQRT_MAGIC as i32);
     let zero = _mm512_setzero_ps();
     // SAFETY (every load and store): each row is 16 contiguous f32 (8 f64 a half row).
     let load = |v: &[f32; L]| unsafe { _mm512_loadu_ps(v.as_ptr()) };
@@ -185,10 +185,14 @@ unsafe fn window_avx512(
         let mut wide = [[_mm512_setzero_pd(); 2]; 4];
         for first in (0..chunks).step_by(FLUSH_CHUNKS) {
             let mut s = [zero; 4];
-            for c in first..(first + FLUSH_CHUNKS).min(chunks) {
-                let dx = _mm512_sub_ps(load(&src.x[c]), tx);
-                let dy = _mm512_sub_ps(load(&src.y[c]), ty);
-                let dz = _mm512_sub_ps(load(&src.z[c]), tz);
+            let last = (first + FLUSH_CHUNKS).min(chunks);
+            // Zipped slices, not indices: no bounds check in the loop.
+            let rows = src.x[first..last].iter().zip(&src.y[first..last]);
+            let rows = rows.zip(src.z[first..last].iter().zip(&src.m[first..last]));
+            for (c, ((x, y), (z, m))) in (first..last).zip(rows) {
+                let dx = _mm512_sub_ps(load(x), tx);
+                let dy = _mm512_sub_ps(load(y), ty);
+                let dz = _mm512_sub_ps(load(z), tz);
                 let r2 = _mm512_fmadd_ps(dz, dz, _mm512_fmadd_ps(dy, dy, _mm512_mul_ps(dx, dx)));
                 if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(r2, from) != 0xffff {
                     let mut rows = [[0.0f32; L]; 4];
@@ -199,14 +203,9 @@ unsafe fn window_avx512(
                     s = rows.each_ref().map(load);
                     continue;
                 }
-                let h = _mm512_mul_ps(half, r2);
-                let bits = _mm512_srli_epi32::<1>(_mm512_castps_si512(r2));
-                let mut y = _mm512_castsi512_ps(_mm512_sub_epi32(magic, bits));
-                for _ in 0..RSQRT_STEPS {
-                    y = _mm512_mul_ps(y, _mm512_fnmadd_ps(_mm512_mul_ps(h, y), y, three_halves));
-                }
-                let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(r2, zero);
-                let mi = _mm512_maskz_mul_ps(positive, load(&src.m[c]), y);
+                // m/r, and none at zero separation (y = 0 there).
+                let y = rsqrt_avx512(r2);
+                let mi = _mm512_mul_ps(load(m), y);
                 let mf = _mm512_mul_ps(_mm512_mul_ps(mi, y), y);
                 s[0] = _mm512_fmadd_ps(dx, mf, s[0]);
                 s[1] = _mm512_fmadd_ps(dy, mf, s[1]);
@@ -244,9 +243,6 @@ unsafe fn window_avx2(
 ) -> BlockSums<TB> {
     use std::arch::x86_64::*;
     let from = _mm256_set1_ps(spline.newtonian_from);
-    let three_halves = _mm256_set1_ps(1.5);
-    let half = _mm256_set1_ps(0.5);
-    let magic = _mm256_set1_epi32(RSQRT_MAGIC as i32);
     let zero = _mm256_setzero_ps();
     // SAFETY (every load and store): each half row is 8 contiguous f32.
     let load = |v: &[f32; L], k: usize| unsafe { _mm256_loadu_ps(v.as_ptr().add(8 * k)) };
@@ -281,15 +277,8 @@ unsafe fn window_avx2(
                     continue;
                 }
                 for (k, [dx, dy, dz, r2]) in d.into_iter().enumerate() {
-                    let h = _mm256_mul_ps(half, r2);
-                    let bits = _mm256_srli_epi32::<1>(_mm256_castps_si256(r2));
-                    let mut y = _mm256_castsi256_ps(_mm256_sub_epi32(magic, bits));
-                    for _ in 0..RSQRT_STEPS {
-                        let step = _mm256_fnmadd_ps(_mm256_mul_ps(h, y), y, three_halves);
-                        y = _mm256_mul_ps(y, step);
-                    }
-                    let positive = _mm256_cmp_ps::<_CMP_GT_OQ>(r2, zero);
-                    let mi = _mm256_and_ps(positive, _mm256_mul_ps(load(&src.m[c], k), y));
+                    let y = rsqrt_avx2(r2);
+                    let mi = _mm256_mul_ps(load(&src.m[c], k), y);
                     let mf = _mm256_mul_ps(_mm256_mul_ps(mi, y), y);
                     let s = &mut s[k];
                     s[0] = _mm256_fmadd_ps(dx, mf, s[0]);
@@ -308,6 +297,36 @@ unsafe fn window_avx2(
         }
     }
     finish(&total)
+}
+
+/// `1/sqrt(x)` on 16 lanes for `x > 0`, 0 for `x = 0` (a particle and itself, which then
+/// adds nothing): `vrsqrt14ps` and one Newton step (2^-14 → f32's rounding). (Safe to call
+/// from code compiled for AVX-512F.)
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+fn rsqrt_avx512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    let h = _mm512_mul_ps(_mm512_set1_ps(0.5), x);
+    let e = _mm512_rsqrt14_ps(x);
+    let step = _mm512_fnmadd_ps(_mm512_mul_ps(h, e), e, _mm512_set1_ps(1.5));
+    // At 0 the estimate is +∞ and the step NaN: the mask keeps those lanes at 0.
+    let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_setzero_ps());
+    _mm512_maskz_mul_ps(positive, e, step)
+}
+
+/// `1/sqrt(x)` on 8 lanes for `x > 0`, 0 for `x = 0`: `rsqrtps` and one Newton step
+/// (1.5·2^-12 → ~2e-7). (Safe to call from code compiled for AVX2 and FMA.)
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+fn rsqrt_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let h = _mm256_mul_ps(_mm256_set1_ps(0.5), x);
+    let e = _mm256_rsqrt_ps(x);
+    let step = _mm256_fnmadd_ps(_mm256_mul_ps(h, e), e, _mm256_set1_ps(1.5));
+    let positive = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_setzero_ps());
+    _mm256_and_ps(positive, _mm256_mul_ps(e, step))
 }
 
 /// `SplineChunks::softened` in AVX-512, out of line: inlined into the window, the compiler
@@ -349,24 +368,76 @@ unsafe fn softened_avx2(
 mod tests {
     use super::*;
 
+    /// The largest relative error and the mean one (the bias) of `estimate` against the
+    /// exact `1/sqrt`, over many values in each of 120 binades (1e-18 to 1e18), 16 at a time.
+    fn errors(estimate: impl Fn(&[f32; 16]) -> [f32; 16]) -> (f64, f64) {
+        let (mut worst, mut sum, mut count) = (0.0f64, 0.0f64, 0);
+        for block in 0..40_000 / 16 {
+            let x: [f32; 16] = std::array::from_fn(|l| {
+                (2.0f64.powf(-60.0 + 120.0 * (16 * block + l) as f64 / 40_000.0)) as f32
+            });
+            for (x, y) in x.iter().zip(estimate(&x)) {
+                let exact = 1.0 / f64::from(*x).sqrt();
+                let rel = (f64::from(y) - exact) / exact;
+                worst = worst.max(rel.abs());
+                sum += rel;
+                count += 1;
+            }
+        }
+        (worst, sum / count as f64)
+    }
+
     #[test]
     fn rsqrt_is_within_f32_rounding_and_unbiased() {
-        let (mut worst, mut sum, mut count) = (0.0f64, 0.0f64, 0);
-        // Many values in each of 40 binades, from 1e-18 to 1e18.
-        for k in 0..40_000 {
-            let x = (2.0f64.powf(-60.0 + 120.0 * k as f64 / 40_000.0)) as f32;
-            let exact = 1.0 / f64::from(x).sqrt();
-            let rel = (f64::from(rsqrt(x)) - exact) / exact;
-            worst = worst.max(rel.abs());
-            sum += rel;
-            count += 1;
-        }
+        let (worst, bias) = errors(|x| x.map(rsqrt));
         assert!(worst < 2e-7, "largest relative error {worst:.2e}");
-        assert!(
-            (sum / count as f64).abs() < 1e-8,
-            "bias {:.2e}",
-            sum / count as f64
-        );
+        assert!(bias.abs() < 1e-8, "bias {bias:.2e}");
         assert!(rsqrt(0.0).is_finite());
+    }
+
+    /// The vector builds' estimates: within 3e-7 and nearly unbiased (a Newton step from
+    /// below undershoots by 1.5 e², e the estimate's error), so builds agree at round-off.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_rsqrt_estimates_are_within_f32_rounding() {
+        use std::arch::x86_64::*;
+        let mut checked = Vec::new();
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports AVX-512F; 16 contiguous f32 each way.
+            let (worst, bias) = errors(|x| unsafe {
+                let mut y = [0.0f32; 16];
+                _mm512_storeu_ps(y.as_mut_ptr(), rsqrt_avx512(_mm512_loadu_ps(x.as_ptr())));
+                y
+            });
+            checked.push(("avx512", worst, bias, 1.5e-7, 2e-8));
+            // SAFETY: as above.
+            let at_zero = unsafe { _mm512_reduce_add_ps(rsqrt_avx512(_mm512_setzero_ps())) };
+            assert_eq!(at_zero, 0.0);
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the CPU supports AVX2 and FMA; two halves of 8 f32 each way.
+            let (worst, bias) = errors(|x| unsafe {
+                let mut y = [0.0f32; 16];
+                for k in 0..2 {
+                    let v = rsqrt_avx2(_mm256_loadu_ps(x.as_ptr().add(8 * k)));
+                    _mm256_storeu_ps(y.as_mut_ptr().add(8 * k), v);
+                }
+                y
+            });
+            checked.push(("avx2", worst, bias, 3e-7, 5e-8));
+            let mut at_zero = [1.0f32; 8];
+            // SAFETY: as above.
+            unsafe { _mm256_storeu_ps(at_zero.as_mut_ptr(), rsqrt_avx2(_mm256_setzero_ps())) };
+            assert_eq!(at_zero, [0.0; 8]);
+        }
+        for (isa, worst, bias, worst_bound, bias_bound) in checked {
+            eprintln!("{isa}: largest relative error {worst:.2e}, bias {bias:.2e}");
+            assert!(
+                worst < worst_bound,
+                "{isa}: largest relative error {worst:.2e}"
+            );
+            assert!(bias.abs() < bias_bound, "{isa}: bias {bias:.2e}");
+        }
     }
 }
