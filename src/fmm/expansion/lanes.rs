@@ -89,10 +89,20 @@ fn m2l_lanes<const P: usize, const LEN: usize>(
             if k <= P - l {
                 for n in l..=P - k {
                     let c = cidx(n, l);
+                    // SAFETY: n + k <= P + 1 < MAX_ORDER + 2 rows of `factor`, and
+                    // 2 cidx(n, l) + 1 < LEN for l <= n <= P. (Checked, the index
+                    // arithmetic and its branches outweighed the products.)
+                    let (fw, ar, ai) = unsafe {
+                        (
+                            factor.get_unchecked(n + k),
+                            a.get_unchecked(2 * c),
+                            a.get_unchecked(2 * c + 1),
+                        )
+                    };
+                    // Fused: one rounding a term (the portable build's `mul_add` too).
                     for w in 0..W {
-                        let fw = factor[n + k][w];
-                        re[w] += a[2 * c][w] * fw;
-                        im[w] -= a[2 * c + 1][w] * fw;
+                        re[w] = ar[w].mul_add(fw[w], re[w]);
+                        im[w] = (-ai[w]).mul_add(fw[w], im[w]);
                     }
                 }
                 let sign = if (k + l) % 2 == 0 { 1.0 } else { -1.0 };
