@@ -11,8 +11,9 @@
 //! value (tests below). So a build gives the same bits for any thread count, and builds differ
 //! from each other at f32's rounding: a run restarted on a CPU with another instruction set
 //! continues within round-off, not bit for bit. Why not one estimate for all: the bit-pattern
-//! estimate's shift and three Newton steps are 11 of the AVX-512 loop's ~26 instructions a
-//! chunk, the hardware estimate and one step 5 (2.1–2.4e9 → 2.8–3.0e9 interactions/s).
+//! estimate (its shift and subtraction, the half r² and three Newton steps) is 12 of the
+//! AVX-512 loop's ~26 instructions a chunk, the hardware estimate and one step 5
+//! (2.1–2.4e9 → 2.8–3.0e9 interactions/s).
 
 use super::pairwise::{BlockSums, FLUSH_CHUNKS, FastWindow, SplineChunks, Staged, TARGET_BLOCK};
 

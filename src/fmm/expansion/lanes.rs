@@ -89,7 +89,7 @@ fn m2l_lanes<const P: usize, const LEN: usize>(
             if k <= P - l {
                 for n in l..=P - k {
                     let c = cidx(n, l);
-                    // SAFETY: n + k <= P + 1 < MAX_ORDER + 2 rows of `factor`, and
+                    // SAFETY: n + k <= P < MAX_ORDER + 2 rows of `factor`, and
                     // 2 cidx(n, l) + 1 < LEN for l <= n <= P. (Checked, the index
                     // arithmetic and its branches outweighed the products.)
                     let (fw, ar, ai) = unsafe {
