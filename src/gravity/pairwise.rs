@@ -382,9 +382,9 @@ fn softened_chunk<T: Real, const L: usize>(
 /// (`pairwise_fast`).
 pub trait FastWindow {
     /// The sums of each target over every staged source, `FLUSH_CHUNKS` chunks at a time in
-    /// f32 then in f64 as `block_sums` does, chunk by chunk in order: Newtonian chunks (see
-    /// `SplineChunks::newtonian_from`) in vector code, the others pair by pair
-    /// (`SplineChunks::softened`).
+    /// f32 then in f64 (lanes l and l + 8 sharing one f64 sum, `pairwise_fast`), chunk by
+    /// chunk in order: Newtonian chunks (see `SplineChunks::newtonian_from`) with the build's
+    /// `1/sqrt`, the others with `SplineChunks::softened`'s operations.
     ///
     /// # Safety
     /// The CPU must support the build's instruction set.
@@ -403,7 +403,9 @@ pub struct SplineChunks {
     /// The central potential factor `p(0)`.
     pub p0: f32,
     /// A chunk whose every pair with a target is this far apart or more (squared) is
-    /// Newtonian: just above h², as in `block_sums`; 0 without softening.
+    /// Newtonian: just above h², as in `block_sums`; without softening the smallest normal
+    /// f32, so that the vector code never sees r² = 0 (a particle and itself, which adds
+    /// nothing: the chunk goes pair by pair) and needs no mask for it.
     pub newtonian_from: f32,
 }
 
@@ -442,7 +444,11 @@ pub unsafe fn block_sums_fast<W: FastWindow>(
     let spline = SplineChunks {
         h,
         p0: params.central,
-        newtonian_from: if h > 0.0 { h * h * (1.0 + 1e-5) } else { 0.0 },
+        newtonian_from: if h > 0.0 {
+            h * h * (1.0 + 1e-5)
+        } else {
+            f32::MIN_POSITIVE
+        },
     };
     // SAFETY: the caller's CPU supports `W`.
     unsafe { W::sums(src, targets, spline) }

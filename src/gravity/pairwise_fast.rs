@@ -1,4 +1,4 @@
-//! The f32 pair kernel's Newtonian chunks in each instruction set's vector code: the windows
+//! The f32 pair kernel in each instruction set's vector code: the windows
 //! `pairwise::FastWindow` names, for 16 lanes (`LANES_F32`).
 //!
 //! Why by hand: the compiler's vectorisation of the generic loop kept the sums in memory,
@@ -14,6 +14,13 @@
 //! estimate (its shift and subtraction, the half r² and three Newton steps) is 12 of the
 //! AVX-512 loop's ~26 instructions a chunk, the hardware estimate and one step 5
 //! (2.1–2.4e9 → 2.8–3.0e9 interactions/s).
+//!
+//! The vector windows keep everything in registers: the sums at a power-of-two scale (one
+//! multiplication fewer a chunk, `UNSCALE`), chunks with a pair inside the softening's
+//! support in line in the same vector code (`softened_lanes!`, a call in the loop cost every
+//! chunk a fifth), f32 sums widened to f64 every `FLUSH_CHUNKS` chunks with lanes l and
+//! l + 8 folded first, the lanes summed in one tree at the end (`sum_lanes`): 2.9 → 3.8–4.0e9
+//! interactions/s on AVX-512 (docs/benchmarks.md, "The near field in registers").
 
 use super::pairwise::{BlockSums, FLUSH_CHUNKS, FastWindow, SplineChunks, Staged, TARGET_BLOCK};
 
@@ -88,31 +95,26 @@ impl FastWindow for Avx512 {
     }
 }
 
-/// Per-lane f64 sums of each target: x, y, z, potential.
-type Totals = [[[f64; L]; 4]; TB];
+/// Lanes of the f64 sums: a window's 16 f32 lanes l and l + 8 share one.
+const WIDE: usize = L / 2;
 
-/// Moves one target's f32 sums of a window into its f64 sums, lane by lane.
+/// Moves one target's f32 sums of a window into its f64 sums: lanes l and l + 8 added in
+/// f32 (one rounding; widening is two µops a vector, so this halves them), then widened.
 #[inline(always)]
-fn flush(total: &mut [[f64; L]; 4], sums: &[[f32; L]; 4]) {
+fn flush(total: &mut [[f64; WIDE]; 4], sums: &[[f32; L]; 4]) {
     for q in 0..4 {
-        for l in 0..L {
-            total[q][l] += f64::from(sums[q][l]);
+        for l in 0..WIDE {
+            total[q][l] += f64::from(sums[q][l] + sums[q][l + WIDE]);
         }
     }
 }
 
-/// Each target's sums over its lanes, in lane order.
+/// The sum of a target's 8 f64 lanes, in the tree every build uses (the order of a vector
+/// build's halving reduction).
 #[inline(always)]
-fn finish(total: &Totals) -> BlockSums<TB> {
-    let mut out = [[0.0; 4]; TB];
-    for t in 0..TB {
-        for q in 0..4 {
-            for l in 0..L {
-                out[t][q] += total[t][q][l];
-            }
-        }
-    }
-    out
+fn sum_lanes(v: [f64; WIDE]) -> f64 {
+    let quarter = [v[0] + v[4], v[1] + v[5], v[2] + v[6], v[3] + v[7]];
+    (quarter[0] + quarter[2]) + (quarter[1] + quarter[3])
 }
 
 /// The sums of `targets` over every chunk of `src` (see `pairwise::FastWindow`), one target
@@ -124,9 +126,10 @@ fn window_portable(
     targets: &[[f32; 3]; TB],
     spline: SplineChunks,
 ) -> BlockSums<TB> {
-    let mut total: Totals = [[[0.0; L]; 4]; TB];
+    let mut out = [[0.0; 4]; TB];
     let chunks = src.x.len();
     for (t, target) in targets.iter().enumerate() {
+        let mut total = [[0.0; WIDE]; 4];
         for first in (0..chunks).step_by(FLUSH_CHUNKS) {
             let mut acc = [[0.0f32; L]; 4];
             for c in first..(first + FLUSH_CHUNKS).min(chunks) {
@@ -146,9 +149,9 @@ fn window_portable(
                 }
                 for l in 0..L {
                     let r2 = d[3][l];
+                    // m/r (r² > 0 here: see `SplineChunks::newtonian_from`).
                     let y = rsqrt(r2);
-                    // m/r, and none at zero separation (the particle itself).
-                    let mi = if r2 > 0.0 { ms[l] * y } else { 0.0 };
+                    let mi = ms[l] * y;
                     let mf = mi * y * y;
                     acc[0][l] = d[0][l].mul_add(mf, acc[0][l]);
                     acc[1][l] = d[1][l].mul_add(mf, acc[1][l]);
@@ -156,10 +159,11 @@ fn window_portable(
                     acc[3][l] += mi;
                 }
             }
-            flush(&mut total[t], &acc);
+            flush(&mut total, &acc);
         }
+        out[t] = total.map(sum_lanes);
     }
-    finish(&total)
+    out
 }
 
 /// `window_portable` in AVX-512: per target, 4 f32 and 8 f64 sums and its coordinates in
@@ -176,59 +180,55 @@ unsafe fn window_avx512(
 ) -> BlockSums<TB> {
     use std::arch::x86_64::*;
     let from = _mm512_set1_ps(spline.newtonian_from);
+    let soft = SplineLanes::new(spline, |v| _mm512_set1_ps(v));
     let zero = _mm512_setzero_ps();
     // SAFETY (every load and store): each row is 16 contiguous f32 (8 f64 a half row).
     let load = |v: &[f32; L]| unsafe { _mm512_loadu_ps(v.as_ptr()) };
-    let mut total: Totals = [[[0.0; L]; 4]; TB];
+    let mut out = [[0.0; 4]; TB];
     let chunks = src.x.len();
     for (t, target) in targets.iter().enumerate() {
         let [tx, ty, tz] = target.map(|v| _mm512_set1_ps(v));
-        let mut wide = [[_mm512_setzero_pd(); 2]; 4];
-        for first in (0..chunks).step_by(FLUSH_CHUNKS) {
-            let mut s = [zero; 4];
-            let last = (first + FLUSH_CHUNKS).min(chunks);
-            // Zipped slices, not indices: no bounds check in the loop.
-            let rows = src.x[first..last].iter().zip(&src.y[first..last]);
-            let rows = rows.zip(src.z[first..last].iter().zip(&src.m[first..last]));
-            for (c, ((x, y), (z, m))) in (first..last).zip(rows) {
-                let dx = _mm512_sub_ps(load(x), tx);
-                let dy = _mm512_sub_ps(load(y), ty);
-                let dz = _mm512_sub_ps(load(z), tz);
-                let r2 = _mm512_fmadd_ps(dz, dz, _mm512_fmadd_ps(dy, dy, _mm512_mul_ps(dx, dx)));
-                if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(r2, from) != 0xffff {
-                    let mut rows = [[0.0f32; L]; 4];
-                    for (row, v) in rows.iter_mut().zip(s) {
-                        unsafe { _mm512_storeu_ps(row.as_mut_ptr(), v) };
-                    }
-                    unsafe { softened_avx512(spline, src, c, *target, &mut rows) };
-                    s = rows.each_ref().map(load);
-                    continue;
-                }
-                // m/r, and none at zero separation (y = 0 there).
-                let y = rsqrt_avx512(r2);
+        let mut wide = [_mm512_setzero_pd(); 4];
+        let mut s = [zero; 4];
+        // One loop over every chunk (a loop per flush cost a fifth: its exits), zipped slices
+        // (no bounds check).
+        let rows = src.x.iter().zip(&src.y).zip(src.z.iter().zip(&src.m));
+        for (c, ((x, y), (z, m))) in rows.enumerate() {
+            let dx = _mm512_sub_ps(load(x), tx);
+            let dy = _mm512_sub_ps(load(y), ty);
+            let dz = _mm512_sub_ps(load(z), tz);
+            let r2 = _mm512_fmadd_ps(dz, dz, _mm512_fmadd_ps(dy, dy, _mm512_mul_ps(dx, dx)));
+            if _mm512_cmp_ps_mask::<_CMP_GE_OQ>(r2, from) == 0xffff {
+                // 2m/r and 8m/r³ (r² > 0 here: see `SplineChunks::newtonian_from`).
+                let y = twice_rsqrt_avx512(r2);
                 let mi = _mm512_mul_ps(load(m), y);
                 let mf = _mm512_mul_ps(_mm512_mul_ps(mi, y), y);
                 s[0] = _mm512_fmadd_ps(dx, mf, s[0]);
                 s[1] = _mm512_fmadd_ps(dy, mf, s[1]);
                 s[2] = _mm512_fmadd_ps(dz, mf, s[2]);
                 s[3] = _mm512_add_ps(s[3], mi);
+            } else {
+                // In line: a call here would cost every chunk a fifth (its registers).
+                softened_avx512(&soft, [load(x), load(y), load(z), load(m)], *target, &mut s);
             }
-            // f32 sums to f64, lane by lane: the low and high 8 lanes of each row.
-            for (w, v) in wide.iter_mut().zip(s) {
-                let low = _mm512_castps512_ps256(v);
-                let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
-                w[0] = _mm512_add_pd(w[0], _mm512_cvtps_pd(low));
-                w[1] = _mm512_add_pd(w[1], _mm512_cvtps_pd(high));
+            if c % FLUSH_CHUNKS == FLUSH_CHUNKS - 1 || c + 1 == chunks {
+                // f32 sums to f64 as `flush`.
+                for (w, v) in wide.iter_mut().zip(s) {
+                    let low = _mm512_castps512_ps256(v);
+                    let high = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)));
+                    *w = _mm512_add_pd(*w, _mm512_cvtps_pd(_mm256_add_ps(low, high)));
+                }
+                s = [zero; 4];
             }
         }
-        for (row, w) in total[t].iter_mut().zip(wide) {
-            unsafe {
-                _mm512_storeu_pd(row.as_mut_ptr(), w[0]);
-                _mm512_storeu_pd(row.as_mut_ptr().add(8), w[1]);
-            }
+        for (q, (w, k)) in wide.iter().zip(UNSCALE).enumerate() {
+            let mut lanes = [0.0; WIDE];
+            // SAFETY: 8 f64.
+            unsafe { _mm512_storeu_pd(lanes.as_mut_ptr(), *w) };
+            out[t][q] = sum_lanes(lanes) * f64::from(k);
         }
     }
-    finish(&total)
+    out
 }
 
 /// `window_avx512` in AVX2 (each chunk as two halves of 8 lanes).
@@ -244,42 +244,35 @@ unsafe fn window_avx2(
 ) -> BlockSums<TB> {
     use std::arch::x86_64::*;
     let from = _mm256_set1_ps(spline.newtonian_from);
+    let soft = SplineLanes::new(spline, |v| _mm256_set1_ps(v));
     let zero = _mm256_setzero_ps();
     // SAFETY (every load and store): each half row is 8 contiguous f32.
     let load = |v: &[f32; L], k: usize| unsafe { _mm256_loadu_ps(v.as_ptr().add(8 * k)) };
-    let mut total: Totals = [[[0.0; L]; 4]; TB];
+    let mut out = [[0.0; 4]; TB];
     let chunks = src.x.len();
     for (t, target) in targets.iter().enumerate() {
         let [tx, ty, tz] = target.map(|v| _mm256_set1_ps(v));
-        for first in (0..chunks).step_by(FLUSH_CHUNKS) {
-            let mut s = [[zero; 4]; 2];
-            for c in first..(first + FLUSH_CHUNKS).min(chunks) {
-                let mut d = [[zero; 4]; 2];
-                let mut newtonian = true;
-                for (k, dk) in d.iter_mut().enumerate() {
-                    let dx = _mm256_sub_ps(load(&src.x[c], k), tx);
-                    let dy = _mm256_sub_ps(load(&src.y[c], k), ty);
-                    let dz = _mm256_sub_ps(load(&src.z[c], k), tz);
-                    let r2 =
-                        _mm256_fmadd_ps(dz, dz, _mm256_fmadd_ps(dy, dy, _mm256_mul_ps(dx, dx)));
-                    let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(r2, from);
-                    newtonian &= _mm256_movemask_ps(ge) == 0xff;
-                    *dk = [dx, dy, dz, r2];
-                }
-                if !newtonian {
-                    let mut rows = [[0.0f32; L]; 4];
-                    for (k, halves) in s.iter().enumerate() {
-                        for (row, v) in rows.iter_mut().zip(halves) {
-                            unsafe { _mm256_storeu_ps(row.as_mut_ptr().add(8 * k), *v) };
-                        }
-                    }
-                    unsafe { softened_avx2(spline, src, c, *target, &mut rows) };
-                    s = [0, 1].map(|k| rows.each_ref().map(|r| load(r, k)));
-                    continue;
-                }
+        // f64 sums of lanes 0–3 and 4–7 (each of a chunk's two halves' lanes l and l + 8).
+        let mut wide = [[_mm256_setzero_pd(); 2]; 4];
+        let mut s = [[zero; 4]; 2];
+        let rows = src.x.iter().zip(&src.y).zip(src.z.iter().zip(&src.m));
+        for (c, ((x, y), (z, m))) in rows.enumerate() {
+            let mut d = [[zero; 4]; 2];
+            let mut newtonian = true;
+            for (k, dk) in d.iter_mut().enumerate() {
+                let dx = _mm256_sub_ps(load(x, k), tx);
+                let dy = _mm256_sub_ps(load(y, k), ty);
+                let dz = _mm256_sub_ps(load(z, k), tz);
+                let r2 = _mm256_fmadd_ps(dz, dz, _mm256_fmadd_ps(dy, dy, _mm256_mul_ps(dx, dx)));
+                let ge = _mm256_cmp_ps::<_CMP_GE_OQ>(r2, from);
+                newtonian &= _mm256_movemask_ps(ge) == 0xff;
+                *dk = [dx, dy, dz, r2];
+            }
+            if newtonian {
+                // 2m/r and 8m/r³ (r² > 0 here: see `SplineChunks::newtonian_from`).
                 for (k, [dx, dy, dz, r2]) in d.into_iter().enumerate() {
-                    let y = rsqrt_avx2(r2);
-                    let mi = _mm256_mul_ps(load(&src.m[c], k), y);
+                    let y = twice_rsqrt_avx2(r2);
+                    let mi = _mm256_mul_ps(load(m, k), y);
                     let mf = _mm256_mul_ps(_mm256_mul_ps(mi, y), y);
                     let s = &mut s[k];
                     s[0] = _mm256_fmadd_ps(dx, mf, s[0]);
@@ -287,82 +280,236 @@ unsafe fn window_avx2(
                     s[2] = _mm256_fmadd_ps(dz, mf, s[2]);
                     s[3] = _mm256_add_ps(s[3], mi);
                 }
-            }
-            let mut rows = [[0.0f32; L]; 4];
-            for (k, halves) in s.iter().enumerate() {
-                for (row, v) in rows.iter_mut().zip(halves) {
-                    unsafe { _mm256_storeu_ps(row.as_mut_ptr().add(8 * k), *v) };
+            } else {
+                // In line: a call here would cost every chunk a fifth (its registers).
+                for (k, s) in s.iter_mut().enumerate() {
+                    let rows = [x, y, z, m].map(|r| load(r, k));
+                    softened_avx2(&soft, rows, *target, s);
                 }
             }
-            flush(&mut total[t], &rows);
+            if c % FLUSH_CHUNKS == FLUSH_CHUNKS - 1 || c + 1 == chunks {
+                // f32 sums to f64 as `flush`.
+                for (w, (low, high)) in wide.iter_mut().zip(s[0].iter().zip(&s[1])) {
+                    let v = _mm256_add_ps(*low, *high);
+                    w[0] = _mm256_add_pd(w[0], _mm256_cvtps_pd(_mm256_castps256_ps128(v)));
+                    w[1] = _mm256_add_pd(w[1], _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(v)));
+                }
+                s = [[zero; 4]; 2];
+            }
+        }
+        for (q, (w, k)) in wide.iter().zip(UNSCALE).enumerate() {
+            let mut lanes = [0.0; WIDE];
+            // SAFETY: twice 4 f64.
+            unsafe {
+                _mm256_storeu_pd(lanes.as_mut_ptr(), w[0]);
+                _mm256_storeu_pd(lanes.as_mut_ptr().add(4), w[1]);
+            }
+            out[t][q] = sum_lanes(lanes) * f64::from(k);
         }
     }
-    finish(&total)
+    out
 }
 
-/// `1/sqrt(x)` on 16 lanes for `x > 0`, 0 for `x = 0` (a particle and itself, which then
-/// adds nothing): `vrsqrt14ps` and one Newton step (2^-14 → f32's rounding). (Safe to call
-/// from code compiled for AVX-512F.)
+/// The sums' scale in the vector windows, per quantity (x, y, z, potential): they add
+/// `8 m d/r³` and `2 m/r`, which `twice_rsqrt_*` give one multiplication sooner; powers of
+/// two, so taking them out again is exact and the bits are those of the true scale.
+const UNSCALE: [f32; 4] = [0.125, 0.125, 0.125, 0.5];
+
+/// `2/sqrt(x)` on 16 lanes for `x > 0`: `vrsqrt14ps` (2^-14) and one Newton step, `e (3 -
+/// x e²)`, twice the step's usual `e (1.5 - x e²/2)` and so one multiplication fewer
+/// (f32's rounding). (Safe to call from code compiled for AVX-512F.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
 #[inline]
-fn rsqrt_avx512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
+fn twice_rsqrt_avx512(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
     use std::arch::x86_64::*;
-    let h = _mm512_mul_ps(_mm512_set1_ps(0.5), x);
     let e = _mm512_rsqrt14_ps(x);
-    let step = _mm512_fnmadd_ps(_mm512_mul_ps(h, e), e, _mm512_set1_ps(1.5));
-    // At 0 the estimate is +∞ and the step NaN: the mask keeps those lanes at 0.
-    let positive = _mm512_cmp_ps_mask::<_CMP_GT_OQ>(x, _mm512_setzero_ps());
-    _mm512_maskz_mul_ps(positive, e, step)
+    let step = _mm512_fnmadd_ps(_mm512_mul_ps(x, e), e, _mm512_set1_ps(3.0));
+    _mm512_mul_ps(e, step)
 }
 
-/// `1/sqrt(x)` on 8 lanes for `x > 0`, 0 for `x = 0`: `rsqrtps` and one Newton step
-/// (1.5·2^-12 → ~2e-7). (Safe to call from code compiled for AVX2 and FMA.)
+/// `2/sqrt(x)` on 8 lanes for `x > 0`: `rsqrtps` (1.5·2^-12) and one Newton step (as
+/// `twice_rsqrt_avx512`; ~2e-7). (Safe to call from code compiled for AVX2 and FMA.)
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn rsqrt_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+fn twice_rsqrt_avx2(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
     use std::arch::x86_64::*;
-    let h = _mm256_mul_ps(_mm256_set1_ps(0.5), x);
     let e = _mm256_rsqrt_ps(x);
-    let step = _mm256_fnmadd_ps(_mm256_mul_ps(h, e), e, _mm256_set1_ps(1.5));
-    let positive = _mm256_cmp_ps::<_CMP_GT_OQ>(x, _mm256_setzero_ps());
-    _mm256_and_ps(positive, _mm256_mul_ps(e, step))
+    let step = _mm256_fnmadd_ps(_mm256_mul_ps(x, e), e, _mm256_set1_ps(3.0));
+    _mm256_mul_ps(e, step)
 }
 
-/// `SplineChunks::softened` in AVX-512, out of line: inlined into the window, the compiler
-/// left it unvectorised.
-///
-/// # Safety
-/// The CPU must support AVX-512F.
+/// The spline's constants for the vector builds' softened chunks (`softened_lanes!`),
+/// broadcast once a window: the support h, 1/h, -1/h, 1/h³ as `spline_factors` computes them
+/// in f32, and the central potential p0 at the sums' scale (`UNSCALE`).
+struct SplineLanes<V> {
+    h: V,
+    h_inv: V,
+    minus_h_inv: V,
+    h3_inv: V,
+    p0: V,
+}
+
+impl<V> SplineLanes<V> {
+    /// `spline`'s constants, broadcast by `splat`.
+    #[inline(always)]
+    fn new(spline: SplineChunks, splat: impl Fn(f32) -> V) -> Self {
+        let h_inv = 1.0 / spline.h;
+        Self {
+            h: splat(spline.h),
+            h_inv: splat(h_inv),
+            minus_h_inv: splat(-h_inv),
+            h3_inv: splat(h_inv * h_inv * h_inv),
+            p0: splat(spline.p0 / UNSCALE[3]),
+        }
+    }
+}
+
+/// `SplineChunks::softened` on one vector of lanes in a vector build, added to the window's
+/// sums at their scale (`UNSCALE`): lane by lane the IEEE operations of `spline_factors` and
+/// `softened_chunk`, in their order (no fused multiply–adds; square root and division are
+/// correctly rounded in vector code too), so each lane's terms are the pair-by-pair code's
+/// bits times a power of two. In line, not a call: a call in the window's loop cost every
+/// chunk a fifth (the registers it may clobber were kept in memory throughout the loop).
+/// Arguments: the constants (`SplineLanes`), the rows `[x, y, z, m]`, the target, the sums
+/// `[x, y, z, potential]`, then the build's broadcast, add, subtract, multiply, divide and
+/// square root, its comparisons `a < b`, `a >= b`, `a > b` and `blend(mask, if_not, if_so)`.
+macro_rules! softened_lanes {
+    ($k:expr, $rows:expr, $t:expr, $s:expr, $splat:ident, $add:ident, $sub:ident,
+     $mul:ident, $div:ident, $sqrt:ident, $lt:expr, $ge:expr, $gt:expr, $blend:expr) => {{
+        let (k, s, t) = ($k, $s, $t);
+        let c = |v: f64| $splat(v as f32);
+        let [x, y, z, m] = $rows;
+        let d = [
+            $sub(x, $splat(t[0])),
+            $sub(y, $splat(t[1])),
+            $sub(z, $splat(t[2])),
+        ];
+        let r2 = $add($add($mul(d[0], d[0]), $mul(d[1], d[1])), $mul(d[2], d[2]));
+        let r = $sqrt(r2);
+        let inv_r = $div($splat(1.0), r);
+        let newton_f = $mul($mul(inv_r, inv_r), inv_r);
+        let u = $mul(r, k.h_inv);
+        let u2 = $mul(u, u);
+        let inner_f = $mul(
+            k.h3_inv,
+            $add(
+                c(32.0 / 3.0),
+                $mul(u2, $sub($mul(c(32.0), u), c(192.0 / 5.0))),
+            ),
+        );
+        let inner_poly = $sub($mul(c(32.0 / 5.0), u), c(48.0 / 5.0));
+        let inner_p = $mul(
+            k.minus_h_inv,
+            $add(
+                c(-14.0 / 5.0),
+                $mul(u2, $add(c(16.0 / 3.0), $mul(u2, inner_poly))),
+            ),
+        );
+        let inv_u = $mul(k.h, inv_r);
+        let outer_f = $mul(
+            k.h3_inv,
+            $sub(
+                $sub(
+                    $add(
+                        $sub(c(64.0 / 3.0), $mul(c(48.0), u)),
+                        $mul(c(192.0 / 5.0), u2),
+                    ),
+                    $mul($mul(c(32.0 / 3.0), u2), u),
+                ),
+                $mul($mul($mul(c(1.0 / 15.0), inv_u), inv_u), inv_u),
+            ),
+        );
+        let outer_poly = $add(
+            c(-16.0),
+            $mul(u, $sub(c(48.0 / 5.0), $mul(c(32.0 / 15.0), u))),
+        );
+        let outer_p = $mul(
+            k.minus_h_inv,
+            $add(
+                $add(c(-16.0 / 5.0), $mul(c(1.0 / 15.0), inv_u)),
+                $mul(u2, $add(c(32.0 / 3.0), $mul(u, outer_poly))),
+            ),
+        );
+        let inner = $lt(u, c(0.5));
+        let beyond = $ge(r, k.h);
+        // At the sums' scale: 8 f and 2 p (exact).
+        let f = $mul(
+            $blend(beyond, $blend(inner, outer_f, inner_f), newton_f),
+            c(8.0),
+        );
+        let p = $mul(
+            $blend(beyond, $blend(inner, outer_p, inner_p), inv_r),
+            c(2.0),
+        );
+        // No force at zero separation (a particle and itself), and the central potential.
+        let apart = $gt(r2, c(0.0));
+        let mf = $blend(apart, c(0.0), $mul(m, f));
+        let mp = $mul(m, $blend(apart, k.p0, p));
+        for q in 0..3 {
+            s[q] = $add(s[q], $mul(d[q], mf));
+        }
+        s[3] = $add(s[3], mp);
+    }};
+}
+
+/// `softened_lanes!` in AVX-512 (16 lanes).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx2,fma")]
-#[inline(never)]
-unsafe fn softened_avx512(
-    spline: SplineChunks,
-    src: &Staged<f32, L>,
-    c: usize,
+#[inline]
+fn softened_avx512(
+    k: &SplineLanes<std::arch::x86_64::__m512>,
+    rows: [std::arch::x86_64::__m512; 4],
     t: [f32; 3],
-    acc: &mut [[f32; L]; 4],
+    s: &mut [std::arch::x86_64::__m512; 4],
 ) {
-    spline.softened(src, c, t, acc);
+    use std::arch::x86_64::*;
+    softened_lanes!(
+        k,
+        rows,
+        t,
+        s,
+        _mm512_set1_ps,
+        _mm512_add_ps,
+        _mm512_sub_ps,
+        _mm512_mul_ps,
+        _mm512_div_ps,
+        _mm512_sqrt_ps,
+        |a, b| _mm512_cmp_ps_mask::<_CMP_LT_OQ>(a, b),
+        |a, b| _mm512_cmp_ps_mask::<_CMP_GE_OQ>(a, b),
+        |a, b| _mm512_cmp_ps_mask::<_CMP_GT_OQ>(a, b),
+        |mask, a, b| _mm512_mask_blend_ps(mask, a, b)
+    )
 }
 
-/// `SplineChunks::softened` in AVX2, out of line (see `softened_avx512`).
-///
-/// # Safety
-/// The CPU must support AVX2 and FMA.
+/// `softened_lanes!` in AVX2 (8 lanes, half a chunk).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[inline(never)]
-unsafe fn softened_avx2(
-    spline: SplineChunks,
-    src: &Staged<f32, L>,
-    c: usize,
+#[inline]
+fn softened_avx2(
+    k: &SplineLanes<std::arch::x86_64::__m256>,
+    rows: [std::arch::x86_64::__m256; 4],
     t: [f32; 3],
-    acc: &mut [[f32; L]; 4],
+    s: &mut [std::arch::x86_64::__m256; 4],
 ) {
-    spline.softened(src, c, t, acc);
+    use std::arch::x86_64::*;
+    softened_lanes!(
+        k,
+        rows,
+        t,
+        s,
+        _mm256_set1_ps,
+        _mm256_add_ps,
+        _mm256_sub_ps,
+        _mm256_mul_ps,
+        _mm256_div_ps,
+        _mm256_sqrt_ps,
+        |a, b| _mm256_cmp_ps::<_CMP_LT_OQ>(a, b),
+        |a, b| _mm256_cmp_ps::<_CMP_GE_OQ>(a, b),
+        |a, b| _mm256_cmp_ps::<_CMP_GT_OQ>(a, b),
+        |mask, a, b| _mm256_blendv_ps(a, b, mask)
+    )
 }
 
 #[cfg(test)]
@@ -407,13 +554,11 @@ mod tests {
             // SAFETY: the CPU supports AVX-512F; 16 contiguous f32 each way.
             let (worst, bias) = errors(|x| unsafe {
                 let mut y = [0.0f32; 16];
-                _mm512_storeu_ps(y.as_mut_ptr(), rsqrt_avx512(_mm512_loadu_ps(x.as_ptr())));
+                let twice = twice_rsqrt_avx512(_mm512_loadu_ps(x.as_ptr()));
+                _mm512_storeu_ps(y.as_mut_ptr(), _mm512_mul_ps(twice, _mm512_set1_ps(0.5)));
                 y
             });
             checked.push(("avx512", worst, bias, 1.5e-7, 2e-8));
-            // SAFETY: as above.
-            let at_zero = unsafe { _mm512_reduce_add_ps(rsqrt_avx512(_mm512_setzero_ps())) };
-            assert_eq!(at_zero, 0.0);
         }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
@@ -421,16 +566,13 @@ mod tests {
             let (worst, bias) = errors(|x| unsafe {
                 let mut y = [0.0f32; 16];
                 for k in 0..2 {
-                    let v = rsqrt_avx2(_mm256_loadu_ps(x.as_ptr().add(8 * k)));
+                    let v = twice_rsqrt_avx2(_mm256_loadu_ps(x.as_ptr().add(8 * k)));
+                    let v = _mm256_mul_ps(v, _mm256_set1_ps(0.5));
                     _mm256_storeu_ps(y.as_mut_ptr().add(8 * k), v);
                 }
                 y
             });
             checked.push(("avx2", worst, bias, 3e-7, 5e-8));
-            let mut at_zero = [1.0f32; 8];
-            // SAFETY: as above.
-            unsafe { _mm256_storeu_ps(at_zero.as_mut_ptr(), rsqrt_avx2(_mm256_setzero_ps())) };
-            assert_eq!(at_zero, [0.0; 8]);
         }
         for (isa, worst, bias, worst_bound, bias_bound) in checked {
             eprintln!("{isa}: largest relative error {worst:.2e}, bias {bias:.2e}");
@@ -440,5 +582,91 @@ mod tests {
             );
             assert!(bias.abs() < bias_bound, "{isa}: bias {bias:.2e}");
         }
+    }
+
+    /// The vector builds' softened chunks (`softened_lanes!`) give the pair-by-pair code's
+    /// bits lane for lane, at the sums' scale: pairs inside half the support, between half
+    /// and all of it, beyond it, and one at zero separation; with the spline and without
+    /// softening (h = 0, the Newtonian near field's chunk with a particle and itself).
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_softened_chunks_give_the_pair_by_pair_bits() {
+        use std::arch::x86_64::*;
+        let t = [0.01f32, -0.02, 0.03];
+        let mut pos: Vec<[f64; 3]> = (0..32)
+            .map(|i| {
+                let (a, r) = (0.7 * i as f64, 0.004 * i as f64);
+                [
+                    f64::from(t[0]) + r * a.cos(),
+                    f64::from(t[1]) + r * a.sin(),
+                    f64::from(t[2]) + 0.5 * r,
+                ]
+            })
+            .collect();
+        pos[5] = t.map(f64::from);
+        let mass: Vec<f64> = (0..32).map(|i| 1e-3 * (1.0 + (i % 5) as f64)).collect();
+        let mut src = Staged::<f32, L>::default();
+        src.push(&pos, &mass, None, [0.0; 3]);
+        let start: [[f32; L]; 4] = std::array::from_fn(|q| {
+            std::array::from_fn(|l| 1e-3 * (q as f32 + 1.0) * (l as f32 - 7.5))
+        });
+        let scaled = |sums: [[f32; L]; 4]| -> [[f32; L]; 4] {
+            std::array::from_fn(|q| sums[q].map(|v| v / UNSCALE[q]))
+        };
+        let mut checked = 0;
+        for (h, p0) in [(0.05f32, 2.8 / 0.05), (0.0, 0.0)] {
+            let spline = SplineChunks {
+                h,
+                p0,
+                newtonian_from: 0.0,
+            };
+            for c in 0..src.x.len() {
+                let mut expected = start;
+                spline.softened(&src, c, t, &mut expected);
+                let expected = scaled(expected);
+                let rows = [&src.x[c], &src.y[c], &src.z[c], &src.m[c]];
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    // SAFETY: the CPU supports AVX-512F; rows of 16 contiguous f32.
+                    let got = unsafe {
+                        let k = SplineLanes::new(spline, |v| _mm512_set1_ps(v));
+                        let mut s = scaled(start).map(|r| _mm512_loadu_ps(r.as_ptr()));
+                        softened_avx512(&k, rows.map(|r| _mm512_loadu_ps(r.as_ptr())), t, &mut s);
+                        s.map(|v| {
+                            let mut r = [0.0f32; L];
+                            _mm512_storeu_ps(r.as_mut_ptr(), v);
+                            r
+                        })
+                    };
+                    assert_eq!(
+                        got.map(|r| r.map(f32::to_bits)),
+                        expected.map(|r| r.map(f32::to_bits))
+                    );
+                    checked += 1;
+                }
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    let mut got = scaled(start);
+                    for half in 0..2 {
+                        // SAFETY: the CPU supports AVX2 and FMA; halves of 8 contiguous f32.
+                        unsafe {
+                            let at = |r: &[f32; L]| _mm256_loadu_ps(r.as_ptr().add(8 * half));
+                            let k = SplineLanes::new(spline, |v| _mm256_set1_ps(v));
+                            let mut s = got.each_ref().map(at);
+                            softened_avx2(&k, rows.map(at), t, &mut s);
+                            for (row, v) in got.iter_mut().zip(s) {
+                                _mm256_storeu_ps(row.as_mut_ptr().add(8 * half), v);
+                            }
+                        }
+                    }
+                    assert_eq!(
+                        got.map(|r| r.map(f32::to_bits)),
+                        expected.map(|r| r.map(f32::to_bits))
+                    );
+                    checked += 1;
+                }
+            }
+        }
+        eprintln!("{checked} chunks checked");
     }
 }
