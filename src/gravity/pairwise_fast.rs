@@ -18,8 +18,8 @@
 //! The vector windows keep everything in registers: the sums at a power-of-two scale (one
 //! multiplication fewer a chunk, `UNSCALE`), chunks with a pair inside the softening's
 //! support in line in the same vector code (`softened_lanes!`, a call in the loop cost every
-//! chunk a fifth), f32 sums widened to f64 every `FLUSH_CHUNKS` chunks with lanes l and
-//! l + 8 folded first, the lanes summed in one tree at the end (`sum_lanes`): 2.9 → 3.8–4.0e9
+//! chunk a quarter), f32 sums widened to f64 every `FLUSH_CHUNKS` chunks with lanes l and
+//! l + 8 folded first, the lanes summed in one tree at the end (`sum_lanes`): 2.5–2.9 → 3.8–4.0e9
 //! interactions/s on AVX-512 (docs/benchmarks.md, "The near field in registers").
 
 use super::pairwise::{BlockSums, FLUSH_CHUNKS, FastWindow, SplineChunks, Staged, TARGET_BLOCK};
@@ -190,8 +190,8 @@ unsafe fn window_avx512(
         let [tx, ty, tz] = target.map(|v| _mm512_set1_ps(v));
         let mut wide = [_mm512_setzero_pd(); 4];
         let mut s = [zero; 4];
-        // One loop over every chunk (a loop per flush cost a fifth: its exits), zipped slices
-        // (no bounds check).
+        // One loop over every chunk, the flush inside it (a loop per flush ran no faster),
+        // over zipped slices (no bounds check).
         let rows = src.x.iter().zip(&src.y).zip(src.z.iter().zip(&src.m));
         for (c, ((x, y), (z, m))) in rows.enumerate() {
             let dx = _mm512_sub_ps(load(x), tx);
@@ -208,7 +208,7 @@ unsafe fn window_avx512(
                 s[2] = _mm512_fmadd_ps(dz, mf, s[2]);
                 s[3] = _mm512_add_ps(s[3], mi);
             } else {
-                // In line: a call here would cost every chunk a fifth (its registers).
+                // In line: a call here would cost every chunk a quarter (its registers).
                 softened_avx512(&soft, [load(x), load(y), load(z), load(m)], *target, &mut s);
             }
             if c % FLUSH_CHUNKS == FLUSH_CHUNKS - 1 || c + 1 == chunks {
@@ -281,7 +281,7 @@ unsafe fn window_avx2(
                     s[3] = _mm256_add_ps(s[3], mi);
                 }
             } else {
-                // In line: a call here would cost every chunk a fifth (its registers).
+                // In line: a call here would cost every chunk a quarter (its registers).
                 for (k, s) in s.iter_mut().enumerate() {
                     let rows = [x, y, z, m].map(|r| load(r, k));
                     softened_avx2(&soft, rows, *target, s);
@@ -371,7 +371,7 @@ impl<V> SplineLanes<V> {
 /// `softened_chunk`, in their order (no fused multiply–adds; square root and division are
 /// correctly rounded in vector code too), so each lane's terms are the pair-by-pair code's
 /// bits times a power of two. In line, not a call: a call in the window's loop cost every
-/// chunk a fifth (the registers it may clobber were kept in memory throughout the loop).
+/// chunk a quarter (the registers it may clobber were kept in memory throughout the loop).
 /// Arguments: the constants (`SplineLanes`), the rows `[x, y, z, m]`, the target, the sums
 /// `[x, y, z, potential]`, then the build's broadcast, add, subtract, multiply, divide and
 /// square root, its comparisons `a < b`, `a >= b`, `a > b` and `blend(mask, if_not, if_so)`.
