@@ -67,6 +67,42 @@ extern "C" __global__ void gather_rows(const double* __restrict__ in,
     }
 }
 
+// The rows a migration keeps, in order, from the rows that leave (`leaving`, strictly
+// increasing, all below n): one thread per row, which finds by binary search how many leave
+// before it and, unless it leaves itself, writes itself there. So only the few leaving rows
+// go up, not one index per staying particle.
+extern "C" __global__ void staying_rows(const unsigned* __restrict__ leaving,
+                                        unsigned leaving_count, unsigned n,
+                                        unsigned* __restrict__ stays) {
+    const unsigned r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= n) return;
+    unsigned lo = 0, hi = leaving_count;
+    while (lo < hi) {
+        const unsigned mid = lo + (hi - lo) / 2;
+        if (leaving[mid] < r) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    if (lo < leaving_count && leaving[lo] == r) return;
+    stays[r - lo] = r;
+}
+
+// The ids and components of the rows a migration keeps, gathered into the new set's first
+// rows (one thread per row): what `gather_rows` does for the f64 state, for the labels.
+extern "C" __global__ void gather_labels(const unsigned long long* __restrict__ id,
+                                         const unsigned char* __restrict__ component,
+                                         const unsigned* __restrict__ rows, unsigned count,
+                                         unsigned long long* __restrict__ id_out,
+                                         unsigned char* __restrict__ component_out) {
+    const unsigned r = blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < count) {
+        id_out[r] = id[rows[r]];
+        component_out[r] = component[rows[r]];
+    }
+}
+
 // acc[order_of[s]] = acc_sorted[s] (a permutation: every particle written once).
 extern "C" __global__ void scatter_forces(const double* __restrict__ acc_sorted,
                                           const double* __restrict__ pot_sorted,

@@ -41,6 +41,8 @@ fn kernels_compile_with_nvrtc_and_the_ptx_cache_is_reused() {
         "drift",
         "gather_tree_order",
         "gather_rows",
+        "gather_labels",
+        "staying_rows",
         "scatter_forces",
         "max_acceleration_blocks",
         "conserved_chunks",

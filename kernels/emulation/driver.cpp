@@ -138,6 +138,7 @@ const Kernel KERNELS[] = {
     KERNEL(kick),              KERNEL(kick_each),       KERNEL(drift),
     KERNEL(gather_tree_order),
     KERNEL(scatter_forces),    KERNEL(gather_rows),     KERNEL(max_acceleration_blocks),
+    KERNEL(gather_labels),     KERNEL(staying_rows),
     KERNEL(conserved_chunks),  KERNEL(bounds_blocks),   KERNEL(morton_keys),
     KERNEL(radix_count),       KERNEL(radix_offsets),   KERNEL(radix_scatter),
     KERNEL(leaf_of_particles), KERNEL(level_moments),   KERNEL(ancestor_r2),
@@ -451,6 +452,7 @@ int cuMemFreeHost(void* p) {
 int cuMemcpyHtoD_v2(unsigned long long dst, const void* src, size_t bytes) {
     ++traffic.up;
     traffic.up_bytes += bytes;
+    if (std::getenv("LEAPFMM_EMULATED_COPIES")) std::fprintf(stderr, "copy up %zu\n", bytes);
     std::memcpy(at(dst), src, bytes);
     return CUDA_SUCCESS;
 }
@@ -460,6 +462,7 @@ int cuMemcpyHtoDAsync_v2(unsigned long long dst, const void* src, size_t bytes, 
 int cuMemcpyDtoH_v2(void* dst, unsigned long long src, size_t bytes) {
     ++traffic.down;
     traffic.down_bytes += bytes;
+    if (std::getenv("LEAPFMM_EMULATED_COPIES")) std::fprintf(stderr, "copy down %zu\n", bytes);
     std::memcpy(dst, at(src), bytes);
     return CUDA_SUCCESS;
 }

@@ -158,18 +158,16 @@ impl<C: Communicator> DistributedFmm<C> {
             let splitters = balance(comm, &keys, &self.work).map_err(comm_err)?;
             let owners = Domains { cube, splitters }.owners(&keys);
             let me = comm.rank();
-            let rows = |stay: bool| -> Vec<u32> {
-                (0..owners.len() as u32)
-                    .filter(|&i| (owners[i as usize] == me) == stay)
-                    .collect()
-            };
+            let leaving: Vec<u32> = (0..owners.len() as u32)
+                .filter(|&i| owners[i as usize] != me)
+                .collect();
             if resident {
                 particles.vel.resize(particles.len(), [0.0; 3]);
-                resident_passes(&mut self.device)?.velocities(&rows(false), &mut particles.vel)?;
+                resident_passes(&mut self.device)?.velocities(&leaving, &mut particles.vel)?;
             }
             migrated = migrate(comm, &owners, particles, &mut self.work).map_err(comm_err)?;
             if resident && (migrated > 0 || particles.len() != owners.len()) {
-                resident_passes(&mut self.device)?.migrate(&rows(true), particles)?;
+                resident_passes(&mut self.device)?.migrate(&leaving, particles)?;
             }
         }
         let decomposition_s = t0.elapsed().as_secs_f64();

@@ -324,10 +324,10 @@ pub trait ResidentPasses: Send {
     /// about to leave the rank; the other rows stay as they were).
     fn velocities(&mut self, rows: &[u32], vel: &mut [[f64; 3]]) -> Result<(), GravityError>;
 
-    /// The rank's new set after `migrate`: the particles of `stays` (rows, in order) keep
-    /// their state there, and `particles`' rows after them (the arrivals) come up with
-    /// zero accelerations and potentials.
-    fn migrate(&mut self, stays: &[u32], particles: &Particles) -> Result<(), GravityError>;
+    /// The rank's new set after `migrate`: the rows not in `leaving` (strictly increasing)
+    /// keep their state there, in order, and `particles`' rows after them (the arrivals)
+    /// come up with zero accelerations and potentials.
+    fn migrate(&mut self, leaving: &[u32], particles: &Particles) -> Result<(), GravityError>;
 
     /// The passes of `plan` (its own particles those there, gathered into tree order; the
     /// other ranks' from the plan, or moved by the devices with `payload`, as in

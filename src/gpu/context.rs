@@ -89,6 +89,10 @@ pub(super) struct Kernels {
     pub(super) split_count: CudaFunction,
     pub(super) split_write: CudaFunction,
     pub(super) gather_rows: CudaFunction,
+    /// integrate.cu: the ids and components of a migration's staying rows.
+    pub(super) gather_labels: CudaFunction,
+    /// integrate.cu: a migration's staying rows from its leaving ones.
+    pub(super) staying_rows: CudaFunction,
 }
 
 pub(super) fn grid(count: usize) -> LaunchConfig {
@@ -170,6 +174,8 @@ impl GpuFmm {
             split_count: function("split.cu", "split_count")?,
             split_write: function("split.cu", "split_write")?,
             gather_rows: function("integrate.cu", "gather_rows")?,
+            gather_labels: function("integrate.cu", "gather_labels")?,
+            staying_rows: function("integrate.cu", "staying_rows")?,
             add_external: function("external.cu", "add_external")?,
             external_energy: function("external.cu", "external_energy_chunks")?,
         };

@@ -146,12 +146,12 @@ impl ResidentPasses for GpuRank {
         device.velocities(state, rows, vel).map_err(device_error)
     }
 
-    fn migrate(&mut self, stays: &[u32], particles: &Particles) -> Result<(), GravityError> {
+    fn migrate(&mut self, leaving: &[u32], particles: &Particles) -> Result<(), GravityError> {
         let (Some(state), device, spare) = (&mut self.state, &self.device, &mut self.spare) else {
             return Err(not_loaded());
         };
         device
-            .migrate_state(state, spare, stays, particles)
+            .migrate_state(state, spare, leaving, particles)
             .map_err(device_error)
     }
 

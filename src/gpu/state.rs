@@ -91,9 +91,9 @@ impl GpuFmm {
         })
     }
 
-    /// The positions, velocities (when `particles` has them) and masses of the rows
-    /// `first..` of `particles` into the same rows of `state` (its other rows stay as
-    /// they are), and the ids and components of all its rows.
+    /// The positions, velocities (when `particles` has them), masses, ids and components
+    /// of the rows `first..` of `particles` into the same rows of `state` (its other rows
+    /// stay as they are).
     fn upload_rows(
         &self,
         state: &mut DeviceState,
@@ -112,6 +112,12 @@ impl GpuFmm {
             return Ok(());
         }
         if first < n {
+            let component: Vec<u8> = particles.component[first..]
+                .iter()
+                .map(|c| c.index() as u8)
+                .collect();
+            stream.memcpy_htod(&component, &mut state.component.slice_mut(first..n))?;
+            stream.memcpy_htod(&particles.id[first..], &mut state.id.slice_mut(first..n))?;
             let pos = flat(&particles.pos[first..]);
             stream.memcpy_htod(&pos, &mut state.pos.slice_mut(3 * first..3 * n))?;
             if particles.vel.len() == n {
@@ -121,39 +127,38 @@ impl GpuFmm {
             let mass = &particles.mass[first..];
             stream.memcpy_htod(mass, &mut state.mass.slice_mut(first..n))?;
         }
-        let component: Vec<u8> = particles
-            .component
-            .iter()
-            .map(|c| c.index() as u8)
-            .collect();
-        stream.memcpy_htod(&component, &mut state.component.slice_mut(0..n))?;
-        stream.memcpy_htod(&particles.id, &mut state.id.slice_mut(0..n))?;
         Ok(())
     }
 
     /// `state` as the rank's new set `particles` after a migration
-    /// (`distributed::decomposition::migrate`): the particles of `stays` (rows of `state`,
-    /// in order) keep their positions, velocities, masses, accelerations and potentials,
-    /// gathered on the device (4 bytes a row go up); the arrivals, the rows of `particles`
-    /// after them, come up with zero accelerations and potentials (the host's copy of
-    /// theirs is the device's); the ids and components of all come up from `particles`.
-    /// The new set is built in `spare` (a state kept for it, allocated with room to spare
-    /// when it has too little), and the old one becomes the spare: after the first few
-    /// migrations a step allocates nothing (design §7).
+    /// (`distributed::decomposition::migrate`): the rows of `state` not in `leaving`
+    /// (strictly increasing) stay, in order, keeping their positions, velocities, masses,
+    /// accelerations, potentials, ids and components, gathered on the device (only the
+    /// leaving rows go up, and the device finds the staying ones: kernels/integrate.cu,
+    /// `staying_rows`); the arrivals, the rows of `particles` after them, come up with zero
+    /// accelerations and potentials (the host's copy of theirs is the device's).
+    /// `particles` must list the staying rows' ids and components as the device has them
+    /// (`migrate` keeps them in order). The new set is built in `spare` (a state kept for
+    /// it, allocated with room to spare when it has too little), and the old one becomes
+    /// the spare: after the first few migrations a step allocates nothing (design §7).
     pub fn migrate_state(
         &self,
         state: &mut DeviceState,
         spare: &mut Option<DeviceState>,
-        stays: &[u32],
+        leaving: &[u32],
         particles: &Particles,
     ) -> Result<(), GpuError> {
-        let (kept, n) = (stays.len(), particles.len());
-        if kept > n || stays.iter().any(|&i| i as usize >= state.n) {
+        let n = particles.len();
+        let increasing = leaving.windows(2).all(|w| w[0] < w[1]);
+        let below = leaving.last().is_none_or(|&r| (r as usize) < state.n);
+        if !increasing || !below || leaving.len() > state.n || state.n - leaving.len() > n {
             return Err(GpuError::Unsupported(format!(
-                "{kept} of {} particles on the device kept in a set of {n}",
+                "{} of {} particles on the device leaving, for a set of {n}",
+                leaving.len(),
                 state.n
             )));
         }
+        let kept = state.n - leaving.len();
         let stream = self.stream.clone();
         let mut next = match spare.take() {
             Some(next) if next.capacity >= n => next,
@@ -165,8 +170,24 @@ impl GpuFmm {
         std::mem::swap(&mut next.rows, &mut state.rows);
         std::mem::swap(&mut next.picked, &mut state.picked);
         if kept > 0 {
+            // The leaving rows in the old state's (now free) row scratch, the staying ones
+            // found from them into the new state's.
+            state.rows.room(&stream, leaving.len().max(1))?;
+            if !leaving.is_empty() {
+                state.rows.upload(&stream, leaving)?;
+            }
             next.rows.room(&stream, kept)?;
-            next.rows.upload(&stream, stays)?;
+            let (leaving_count, all) = (leaving.len() as u32, state.n as u32);
+            let mut launch = stream.launch_builder(&self.kernels.staying_rows);
+            launch
+                .arg(&state.rows.buf)
+                .arg(&leaving_count)
+                .arg(&all)
+                .arg(&mut next.rows.buf);
+            // SAFETY: the arguments match staying_rows's signature; `leaving` is increasing
+            // and below state.n (checked above), so the state.n - leaving rows written are
+            // the first `kept` of next.rows.
+            unsafe { launch.launch(grid(state.n)) }?;
             let count = kept as u32;
             for (from, to, width) in [
                 (&state.pos, &mut next.pos, 3u32),
@@ -186,6 +207,17 @@ impl GpuFmm {
                 // particle of `state`, and `to` holds `width` values for each of n >= kept.
                 unsafe { launch.launch(grid(kept * width as usize)) }?;
             }
+            let mut launch = stream.launch_builder(&self.kernels.gather_labels);
+            launch
+                .arg(&state.id)
+                .arg(&state.component)
+                .arg(&next.rows.buf)
+                .arg(&count)
+                .arg(&mut next.id)
+                .arg(&mut next.component);
+            // SAFETY: the arguments match gather_labels's signature; every row is a
+            // particle of `state`, and `next` holds n >= kept ids and components.
+            unsafe { launch.launch(grid(kept)) }?;
         }
         if n > kept {
             stream.memset_zeros(&mut next.acc.slice_mut(3 * kept..3 * n))?;
