@@ -738,3 +738,70 @@ fn a_machine_with_a_gpu_but_no_nvrtc_runs_on_the_cpu_under_auto_and_says_why() {
         "{err}"
     );
 }
+
+/// What the emulated driver counted over a whole run (`LEAPFMM_EMULATED_TRACE`): device
+/// allocations, bytes up and bytes down.
+fn traffic(printed: &str) -> [u64; 3] {
+    let line = printed
+        .lines()
+        .find(|l| l.starts_with("emulated devices:"))
+        .unwrap_or_else(|| panic!("no traffic line in:\n{printed}"));
+    let number_before = |word: &str| -> u64 {
+        let head = &line[..line
+            .find(word)
+            .unwrap_or_else(|| panic!("{word} in {line}"))];
+        let n = head.trim_end().rsplit([' ', '(']).next().unwrap();
+        n.parse()
+            .unwrap_or_else(|_| panic!("{n:?} before {word} in {line}"))
+    };
+    let after = |from: &str| -> u64 {
+        let tail = &line[line.find(from).unwrap() + from.len()..];
+        let bytes = tail.split(" copies, ").nth(1).unwrap();
+        bytes.split(' ').next().unwrap().parse().unwrap()
+    };
+    [
+        number_before(" allocations"),
+        after("host to device "),
+        after("device to host "),
+    ]
+}
+
+#[test]
+fn a_step_on_two_emulated_gpus_allocates_nothing_and_moves_little() {
+    // Issue 34's steady state: two thread ranks with a GPU each, fixed steps, run for 3 and
+    // for 8 steps (the same outputs), so that the difference is what steps 4–8 cost.
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let n = 8000;
+    let ics = galaxy(d, n);
+    let counted = |steps: u32| -> [u64; 3] {
+        let name = format!("steps{steps}");
+        let end = format!("{:.4}", f64::from(steps) * 1e-4);
+        let text = galaxy_text(&ics, &name, "", "fixed_step = true\n")
+            .replace("t_end = 0.0004", &format!("t_end = {end}"))
+            .replace(
+                "snapshot_interval = 0.0004",
+                &format!("snapshot_interval = {end}"),
+            );
+        let config = write(d, &format!("{name}.toml"), &text);
+        let out = on_emulated_gpu(d)
+            .env("LEAPFMM_EMULATED_GPUS", "2")
+            .env("LEAPFMM_EMULATED_TRACE", "1")
+            .args(["run", config.to_str().unwrap(), "--backend", "cuda"])
+            .args(["--ranks", "2"])
+            .output()
+            .unwrap();
+        traffic(&succeeded(out, &name))
+    };
+    let (short, long) = (counted(3), counted(8));
+    let per = |k: usize| (long[k] - short[k]) as f64 / 5.0 / n as f64;
+    // No allocation once the buffers have grown (the scratch of a few leaving particles
+    // or LET particles has a floor, so a few more than last time do not allocate).
+    assert_eq!(long[0], short[0], "allocations in steps 4-8");
+    // Measured 50.4 B up (the lists, the tree order and each particle's leaf) and 24.0 B down
+    // (the positions, for the host's decomposition and tree) a particle a step; before the
+    // placeholders and the staying rows stayed on the device, 127.6 B up.
+    let (up, down) = (per(1), per(2));
+    assert!(up <= 60.0, "{up:.1} bytes up a particle a step");
+    assert!(down <= 25.0, "{down:.1} bytes down a particle a step");
+}

@@ -198,6 +198,7 @@ int allocate(unsigned long long* dptr, size_t bytes) {
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return CUDA_ERROR_OUT_OF_MEMORY;
     ++traffic.allocations;
+    if (std::getenv("LEAPFMM_EMULATED_COPIES")) std::fprintf(stderr, "allocate %zu\n", bytes);
     char* base = static_cast<char*>(p);
     mprotect(base + pages, page(), PROT_NONE);
     const uintptr_t start = reinterpret_cast<uintptr_t>(base + pages - used);

@@ -29,6 +29,9 @@ impl GpuFmm {
 /// Gathers the payload `routes` sends each rank from the plan in `b` (multipoles, and
 /// positions and masses in tree order) into `scratch`, moves it through `link` (NCCL) or
 /// else `comm`, and puts what arrives in its place in `b`.
+/// The fewest cells and particles the payload's buffers have room for.
+const PAYLOAD_FLOOR: usize = 1024;
+
 pub(super) fn move_payload(
     k: &Kernels,
     stream: &Arc<CudaStream>,
@@ -52,11 +55,14 @@ pub(super) fn move_payload(
             mass: Reused::new(stream, np)?,
         }),
     };
-    s.rows.room(stream, nr)?;
-    s.particles.room(stream, np)?;
-    s.multipoles.room(stream, nr * len)?;
-    s.pos.room(stream, 3 * np)?;
-    s.mass.room(stream, np)?;
+    // Room for at least `PAYLOAD_FLOOR` of each: a payload of a few cells or particles
+    // that grows by a few from one step to the next would otherwise allocate again.
+    let (nr_room, np_room) = (nr.max(PAYLOAD_FLOOR), np.max(PAYLOAD_FLOOR));
+    s.rows.room(stream, nr_room)?;
+    s.particles.room(stream, np_room)?;
+    s.multipoles.room(stream, nr_room * len)?;
+    s.pos.room(stream, 3 * np_room)?;
+    s.mass.room(stream, np_room)?;
     s.rows.upload(stream, &rows)?;
     s.particles.upload(stream, &particles)?;
     let (nr32, np32, len32) = (nr as u32, np as u32, len as u32);

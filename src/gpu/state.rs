@@ -12,6 +12,10 @@ use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
 use cudarc::driver::{CudaFunction, CudaSlice, PushKernelArg};
 
+/// The fewest rows the scratch of a migration's leaving particles has room for
+/// (`GpuFmm::migrate_state`, and the download of their velocities).
+const LEAVING_FLOOR: usize = 1024;
+
 /// A run's particle state on the device (design §7), in the run's particle order: what the
 /// integrator kicks and drifts between force evaluations. `GpuFmm` creates and updates it;
 /// the host copy is brought up to date only when it is read.
@@ -172,7 +176,9 @@ impl GpuFmm {
         if kept > 0 {
             // The leaving rows in the old state's (now free) row scratch, the staying ones
             // found from them into the new state's.
-            state.rows.room(&stream, leaving.len().max(1))?;
+            // At least LEAVING_FLOOR rows, so that a few more leaving than last time do not
+            // allocate again.
+            state.rows.room(&stream, leaving.len().max(LEAVING_FLOOR))?;
             if !leaving.is_empty() {
                 state.rows.upload(&stream, leaving)?;
             }
@@ -520,9 +526,11 @@ impl GpuFmm {
             return Ok(());
         }
         let stream = self.stream.clone();
-        index.room(&stream, rows.len())?;
+        // At least LEAVING_FLOOR rows (a migration's few leaving particles vary in number).
+        let room = rows.len().max(LEAVING_FLOOR);
+        index.room(&stream, room)?;
         index.upload(&stream, rows)?;
-        picked.room(&stream, 3 * rows.len())?;
+        picked.room(&stream, 3 * room)?;
         let (count, width) = (rows.len() as u32, 3u32);
         let mut launch = stream.launch_builder(&self.kernels.gather_rows);
         launch
