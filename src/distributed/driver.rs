@@ -44,6 +44,8 @@ pub struct DistributedFmm<C: Communicator> {
     component_softening: Option<[f64; 4]>,
     /// Where the passes run when not on the host.
     device: Option<Box<dyn DevicePasses>>,
+    /// Set once the warning that the device declined to build the tree has been given.
+    tree_declined_said: bool,
 }
 
 impl<C: Communicator> std::fmt::Debug for DistributedFmm<C> {
@@ -72,6 +74,7 @@ impl<C: Communicator> DistributedFmm<C> {
             notes: Vec::new(),
             component_softening: None,
             device: None,
+            tree_declined_said: false,
         }
     }
 
@@ -209,30 +212,58 @@ impl<C: Communicator> DistributedFmm<C> {
         } else {
             (None, None)
         };
-        let with = Evaluation {
-            eps: eps.as_deref(),
-            cube: Some(cube),
-            remote: Some(&mut exchange),
-            active,
-            expected_accel: expected.as_deref(),
-            total_mass,
-            // A run's steps keep the solver's copy: at 1e7 the in-place permutation would
-            // cost ~1.5 s a step more.
-            in_place: false,
-        };
+        // The evaluation's options (a macro: the exchange is lent to each use in turn).
+        macro_rules! with {
+            () => {
+                Evaluation {
+                    eps: eps.as_deref(),
+                    cube: Some(cube),
+                    remote: Some(&mut exchange),
+                    active,
+                    expected_accel: expected.as_deref(),
+                    total_mass,
+                    // A run's steps keep the solver's copy: at 1e7 the in-place permutation
+                    // would cost ~1.5 s a step more.
+                    in_place: false,
+                }
+            };
+        }
         let fmm = match &mut self.device {
             None => self.solver.evaluate_with(
                 &particles.pos,
                 &particles.mass,
                 &particles.id,
-                with,
+                with!(),
                 &mut particles.acc,
                 &mut particles.pot,
             )?,
             Some(device) => {
-                let mut stats =
-                    self.solver
-                        .plan_with(&particles.pos, &particles.mass, &particles.id, with)?;
+                // Particles kept on the device, every one a target: their tree is built
+                // there (the host gets the cells), unless the device declines it.
+                let on_device = match (resident, everyone) {
+                    (true, true) => device.resident().ok_or_else(not_resident)?.plan_tree(
+                        &mut self.solver,
+                        &particles.id,
+                        with!(),
+                    )?,
+                    _ => None,
+                };
+                if resident && everyone && on_device.is_none() && !self.tree_declined_said {
+                    self.tree_declined_said = true;
+                    self.warnings.push(format!(
+                        "rank {}: the device declined to build the tree (a position that is not finite, a sort that failed its check or a run of equal keys too long for it); the host built it from the positions, and will whenever that happens again",
+                        comm.rank()
+                    ));
+                }
+                let mut stats = match on_device {
+                    Some(stats) => stats,
+                    None => self.solver.plan_with(
+                        &particles.pos,
+                        &particles.mass,
+                        &particles.id,
+                        with!(),
+                    )?,
+                };
                 let caps = self.solver.caps().unwrap_or_default();
                 let force = (settings.softening, settings.g);
                 let plan = match &exchange.routes {

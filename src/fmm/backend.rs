@@ -7,6 +7,8 @@
 //! (`ResidentPasses`). Nothing here computes: the CPU's own passes are `solver`'s.
 
 use super::caps::Caps;
+use super::solver::{Evaluation, FmmSolver};
+use super::stats::FmmStats;
 use super::traversal::{Mac, span};
 use super::tree::{CellsOverflow, MOMENT_VALUES, Tree};
 use crate::distributed::comm::Communicator;
@@ -58,6 +60,15 @@ pub trait DeviceTree {
     ) -> Result<Result<(), CellsOverflow>, GravityError> {
         Err(GravityError::Device(
             "this device does not split cells; plan with plan_sorted".into(),
+        ))
+    }
+
+    /// The tree order of the particles it sorted (tree position → the caller's index) into
+    /// `out`: asked by `FmmSolver::plan_split_with`, whose cells came from `split_cells`,
+    /// for the work of each particle that balances the ranks (`particle_work`).
+    fn tree_order(&mut self, _out: &mut Vec<u32>) -> Result<(), GravityError> {
+        Err(GravityError::Device(
+            "this device does not hand its tree order over".into(),
         ))
     }
 
@@ -329,9 +340,23 @@ pub trait ResidentPasses: Send {
     /// come up with zero accelerations and potentials.
     fn migrate(&mut self, leaving: &[u32], particles: &Particles) -> Result<(), GravityError>;
 
+    /// The rank's tree built where its particles are (`FmmSolver::plan_split_with` on
+    /// `solver`, the particles sorted there in `with.cube`), for the passes of the next
+    /// `run_passes_resident`; `None` when this device does not build trees or rejects this
+    /// one (the host then builds it from the positions).
+    fn plan_tree(
+        &mut self,
+        _solver: &mut FmmSolver,
+        _id: &[u64],
+        _with: Evaluation,
+    ) -> Result<Option<FmmStats>, GravityError> {
+        Ok(None)
+    }
+
     /// The passes of `plan` (its own particles those there, gathered into tree order; the
     /// other ranks' from the plan, or moved by the devices with `payload`, as in
-    /// `DevicePasses::run_passes_with_payload`), with the forces left there.
+    /// `DevicePasses::run_passes_with_payload`), with the forces left there. A plan from
+    /// `plan_tree` is the last one this asks for.
     fn run_passes_resident(
         &mut self,
         plan: &DevicePlan,

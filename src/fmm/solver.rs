@@ -610,6 +610,39 @@ impl FmmSolver {
         self.plan_from(TreeInput::Split { device, partial }, id, None)
     }
 
+    /// `plan_split` on a rank of a distributed evaluation (`with.remote`, whose payload the
+    /// devices move; every particle a target): the cells split where `device` sorted the
+    /// rank's particles in `with.cube`, their moments found there and brought here for the
+    /// exchange, the other ranks' cells imported and the lists walked here. The own
+    /// particles' positions and masses stay on the device (zero placeholders here, as the
+    /// other ranks' are); the tree order comes here for `particle_work`. The same tree,
+    /// lists and plan as `plan_with` on the same particles.
+    pub fn plan_split_with(
+        &mut self,
+        id: &[u64],
+        device: &mut dyn DeviceTree,
+        with: Evaluation,
+    ) -> Result<FmmStats, GravityError> {
+        if with.active.is_some()
+            || with.eps.is_some()
+            || with.cube.is_none()
+            || !with.remote.as_ref().is_some_and(|r| r.payload_on_device())
+        {
+            return Err(GravityError::Device(
+                "a device's tree for another rank's exchange needs the cube, every particle, one softening length and the payload on the devices".into(),
+            ));
+        }
+        let mut stats = FmmStats::default();
+        let input = TreeInput::Split {
+            device,
+            partial: false,
+        };
+        self.build_lists(input, id, with, false, &mut stats)?;
+        self.tracker.settle(&stats.used);
+        self.record_presets(id.len());
+        Ok(stats)
+    }
+
     /// The tree and lists from `input` (sorted elsewhere), for the cells holding `active`
     /// particles when given (or flagged by a partial split's device); the caps and presets
     /// learn only from full evaluations (a partial one's needs say nothing of a full
@@ -725,6 +758,20 @@ impl FmmSolver {
                     }
                 }
             }
+        }
+        if split_there && remote.is_some() {
+            // Other ranks' cells follow the own ones, and their particles the own ones'
+            // (placeholders, like theirs: the devices move the payload); the order comes
+            // from the device.
+            if let Some(device) = device_tree.as_mut() {
+                device.tree_order(&mut self.tree.order)?;
+            }
+            if self.tree.order.len() != n {
+                return Err(GravityError::NotSorted(NotSorted(
+                    "a device's tree order of another number of particles",
+                )));
+            }
+            self.tree.hold_placeholders();
         }
         self.tree.eps.clear();
         if let Some(eps) = eps {

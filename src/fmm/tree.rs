@@ -581,6 +581,17 @@ impl Tree {
         Ok(())
     }
 
+    /// Zero positions and masses for the own particles, whose real ones a device holds
+    /// (`FmmSolver::plan_split_with`): the other ranks' particles appended after them land
+    /// at the right places, and the exchange's export lists them (the devices send the real
+    /// ones).
+    pub fn hold_placeholders(&mut self) {
+        self.pos.clear();
+        self.pos.resize(self.own_particles, [0.0; 3]);
+        self.mass.clear();
+        self.mass.resize(self.own_particles, 0.0);
+    }
+
     /// Appends cells received from another rank (children and particle ranges relative to
     /// the appended slices) with their particles; returns the index of the first appended
     /// cell. Appended cells are sources only: they take no part in the level passes.

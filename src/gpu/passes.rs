@@ -37,7 +37,7 @@ impl GpuFmm {
         softening: Softening,
         g: f64,
     ) -> Result<DeviceForces, GpuError> {
-        self.evaluate_moving(plan, caps, (softening, g), None, None)
+        self.evaluate_moving(plan, caps, (softening, g), None, None, false)
     }
 
     /// `evaluate`, and with `payload` (a distributed plan whose other ranks' multipoles,
@@ -47,7 +47,11 @@ impl GpuFmm {
     /// communicator (all ranks call this together; its seconds count as upload's).
     /// With `state` (a distributed run's rank's particles, `super::rank::GpuRank`), the own
     /// particles' positions and masses are gathered from it into tree order, not sent, and
-    /// their forces scattered back into it: the forces returned are then empty.
+    /// their forces scattered back into it: the forces returned are then empty. With
+    /// `tree_on_device` (and `state`), the plan's own cells are those of this device's last
+    /// `sort_resident_in`, `split_cells` and `cell_moments` of `state`
+    /// (`FmmSolver::plan_split_with`): the tree order and each particle's leaf are copied
+    /// there rather than sent.
     pub(super) fn evaluate_moving(
         &mut self,
         plan: &DevicePlan,
@@ -55,6 +59,7 @@ impl GpuFmm {
         (softening, g): (Softening, f64),
         payload: Option<(&PayloadRoutes, &dyn Communicator)>,
         state: Option<&mut DeviceState>,
+        tree_on_device: bool,
     ) -> Result<DeviceForces, GpuError> {
         let (n, all) = (plan.own_particles, plan.particles());
         if plan.pos.len() != all || plan.device_lists.is_some() {
@@ -74,14 +79,33 @@ impl GpuFmm {
         let t = Instant::now();
         let stream = self.stream.clone();
         let b = upload_plan(&stream, &mut self.buffers, plan, caps, None)?;
-        b.leaf_of.upload(&stream, &plan.leaf_of)?;
+        match (
+            state.is_some() && tree_on_device,
+            &self.sorting,
+            &self.moments,
+        ) {
+            (true, Some(s), Some(m)) if s.index[0].buf.len() >= n && m.leaf_of.buf.len() >= n => {
+                stream.memcpy_dtod(&s.index[0].buf.slice(0..n), &mut b.order_of.buf)?;
+                stream.memcpy_dtod(&m.leaf_of.buf.slice(0..n), &mut b.leaf_of.buf)?;
+            }
+            (true, ..) => {
+                return Err(GpuError::Unsupported(
+                    "no tree of these particles on the device: sort_resident_in, split_cells and cell_moments first".into(),
+                ));
+            }
+            (false, ..) => {
+                b.leaf_of.upload(&stream, &plan.leaf_of)?;
+                if state.is_some() {
+                    b.order_of.upload(&stream, plan.order_of)?;
+                }
+            }
+        }
         match state.as_deref() {
             None => {
                 b.pos.upload(&stream, plan.pos.as_flattened())?;
                 b.mass.upload(&stream, plan.mass)?;
             }
             Some(state) => {
-                b.order_of.upload(&stream, plan.order_of)?;
                 gather_tree_order(&self.kernels, &stream, state, b)?;
                 // The other ranks' particles: from the plan, unless the devices move them.
                 if payload.is_none() && all > n {
@@ -577,7 +601,7 @@ impl DevicePasses for GpuFmm {
         routes: &PayloadRoutes,
         comm: &dyn Communicator,
     ) -> Result<DeviceForces, GravityError> {
-        self.evaluate_moving(plan, caps, force, Some((routes, comm)), None)
+        self.evaluate_moving(plan, caps, force, Some((routes, comm)), None, false)
             .map_err(|e| GravityError::Device(e.to_string()))
     }
 }

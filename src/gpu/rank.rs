@@ -6,16 +6,20 @@
 //! velocities and rearranges the rest on the device.
 
 use super::context::GpuFmm;
-use super::solver::{device_error, not_loaded};
+use super::solver::{OnDevice, device_error, not_loaded};
 use super::state::DeviceState;
 use crate::distributed::comm::Communicator;
 use crate::distributed::payload::PayloadRoutes;
 use crate::fmm::backend::{DeviceForces, DevicePasses, DevicePlan, DeviceSeconds, ResidentPasses};
 use crate::fmm::caps::Caps;
+use crate::fmm::solver::{Evaluation, FmmSolver};
+use crate::fmm::stats::FmmStats;
+use crate::fmm::tree::CellColumns;
 use crate::gravity::GravityError;
 use crate::gravity::softening::Softening;
 use crate::integrate::diagnostics::CONSERVED_SUMS;
 use crate::particles::Particles;
+use std::time::Instant;
 
 /// A rank's GPU, and its particles there once loaded.
 pub struct GpuRank {
@@ -23,6 +27,10 @@ pub struct GpuRank {
     state: Option<DeviceState>,
     /// The state a migration builds the rank's new set in (the last set's buffers).
     spare: Option<DeviceState>,
+    /// The cells on their way from the device to the host's tree (`plan_tree`).
+    columns: CellColumns,
+    /// Set by `plan_tree` for the next passes: the plan's own tree is the device's.
+    tree_here: bool,
 }
 
 impl GpuRank {
@@ -32,6 +40,8 @@ impl GpuRank {
             device,
             state: None,
             spare: None,
+            columns: CellColumns::default(),
+            tree_here: false,
         }
     }
 
@@ -155,6 +165,56 @@ impl ResidentPasses for GpuRank {
             .map_err(device_error)
     }
 
+    fn plan_tree(
+        &mut self,
+        solver: &mut FmmSolver,
+        id: &[u64],
+        with: Evaluation,
+    ) -> Result<Option<FmmStats>, GravityError> {
+        self.tree_here = false;
+        // What `plan_split_with` takes: the cube, every particle, one softening length and
+        // the payload on the devices.
+        let payload_here = with.remote.as_ref().is_some_and(|r| r.payload_on_device());
+        let (Some(cube), None, None, true) = (with.cube, with.eps, with.active, payload_here)
+        else {
+            return Ok(None);
+        };
+        let (Some(state), device) = (&self.state, &mut self.device) else {
+            return Err(not_loaded());
+        };
+        let t0 = Instant::now();
+        // A position that is not finite, a sort that fails its check or runs of equal keys
+        // too long for the device: the host builds the tree (and names the particle).
+        let sorted = device
+            .sort_resident_in(state, Some(cube))
+            .map_err(device_error)?;
+        let Some(sort) = sorted else {
+            return Ok(None);
+        };
+        if sort.summary.check(state.particles()).is_err() || !sort.runs_ordered {
+            return Ok(None);
+        }
+        let sorting = t0.elapsed().as_secs_f64();
+        let mut walk_declined = false;
+        let mut on_device = OnDevice {
+            device,
+            state,
+            cube,
+            columns: &mut self.columns,
+            walk_declined: &mut walk_declined,
+            active: None,
+        };
+        match solver.plan_split_with(id, &mut on_device, with) {
+            Ok(mut stats) => {
+                stats.seconds.tree += sorting;
+                self.tree_here = true;
+                Ok(Some(stats))
+            }
+            Err(GravityError::NotSorted(_)) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     fn run_passes_resident(
         &mut self,
         plan: &DevicePlan,
@@ -162,9 +222,10 @@ impl ResidentPasses for GpuRank {
         force: (Softening, f64),
         payload: Option<(&PayloadRoutes, &dyn Communicator)>,
     ) -> Result<DeviceSeconds, GravityError> {
+        let tree_here = std::mem::take(&mut self.tree_here);
         let (device, state) = self.loaded()?;
         let forces = device
-            .evaluate_moving(plan, caps, force, payload, Some(state))
+            .evaluate_moving(plan, caps, force, payload, Some(state), tree_here)
             .map_err(device_error)?;
         Ok(forces.seconds)
     }

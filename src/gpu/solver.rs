@@ -371,18 +371,18 @@ impl ResidentState for GpuSolver {
 
 /// The tree where the device sorted the particles: its cells (`GpuFmm::split_cells`),
 /// their moments (`GpuFmm::cell_moments`) and lists (`GpuFmm::walk`) found there.
-struct OnDevice<'a> {
-    device: &'a mut GpuFmm,
-    state: &'a DeviceState,
+pub(super) struct OnDevice<'a> {
+    pub(super) device: &'a mut GpuFmm,
+    pub(super) state: &'a DeviceState,
     /// The cube of the device's sort.
-    cube: BoundingCube,
+    pub(super) cube: BoundingCube,
     /// The cells on their way from the device to the host's tree.
-    columns: &'a mut CellColumns,
+    pub(super) columns: &'a mut CellColumns,
     /// Set when the device's walk gave up on a step (the host walked).
-    walk_declined: &'a mut bool,
+    pub(super) walk_declined: &'a mut bool,
     /// A block sub-step's active particles (rows of the state), whose cells the device
     /// flags (`DeviceTree::active_cells`).
-    active: Option<&'a [u32]>,
+    pub(super) active: Option<&'a [u32]>,
 }
 
 impl DeviceTree for OnDevice<'_> {
@@ -429,6 +429,12 @@ impl DeviceTree for OnDevice<'_> {
             tree.adopt_cells(self.cube, n, self.columns, leaf_size)?;
         }
         Ok(split)
+    }
+
+    fn tree_order(&mut self, out: &mut Vec<u32>) -> Result<(), GravityError> {
+        self.device
+            .download_order(self.state, out)
+            .map_err(device_error)
     }
 
     fn active_cells(&mut self, tree: &Tree, out: &mut Vec<bool>) -> Result<(), GravityError> {

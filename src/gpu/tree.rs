@@ -4,12 +4,12 @@
 //! the split into cells (`split_cells`) and the cells' moments (`cell_moments`: the host gets
 //! each cell's mass, centre and radius).
 
-use super::buffers::{MomentsBuffers, SortBuffers};
+use super::buffers::{MomentsBuffers, SPARE_ROOM, SortBuffers};
 use super::context::{GpuFmm, grid};
 use super::error::GpuError;
 use super::sort::{
-    ANCESTOR_THREADS, BOUNDS_BLOCKS, BOUNDS_THREADS, LEVEL_SLOTS, OFFSETS_THREADS, RADIX_BITS,
-    RADIX_THREADS, SCAN_BLOCKS, SCAN_THREADS, SCAN_VALUES, cube_of_bounds, sort_blocks,
+    ANCESTOR_THREADS, BOUNDS_BLOCKS, BOUNDS_FIELDS, BOUNDS_THREADS, LEVEL_SLOTS, OFFSETS_THREADS,
+    RADIX_BITS, RADIX_THREADS, SCAN_BLOCKS, SCAN_THREADS, SCAN_VALUES, cube_of_bounds, sort_blocks,
 };
 use super::state::DeviceState;
 use crate::fmm::morton::BoundingCube;
@@ -39,13 +39,27 @@ impl GpuFmm {
     /// whether the runs are ordered. `None` when a position or mass is not finite (the
     /// caller names the particle from the host's copy).
     pub fn sort_resident(&mut self, state: &DeviceState) -> Result<Option<DeviceSort>, GpuError> {
+        self.sort_resident_in(state, None)
+    }
+
+    /// `sort_resident`, keyed in `cube` when given (a rank of a distributed run: the cube
+    /// of every rank's particles) instead of the cube of `state`'s own.
+    pub fn sort_resident_in(
+        &mut self,
+        state: &DeviceState,
+        cube: Option<BoundingCube>,
+    ) -> Result<Option<DeviceSort>, GpuError> {
         self.split = None;
         self.moments_of = None;
         let (n, n32) = (state.n, state.n as u32);
         let stream = self.stream.clone();
         let s = match &mut self.sorting {
             Some(s) => s,
-            None => self.sorting.insert(SortBuffers::new(&stream, n)?),
+            // Room to spare, as the state has: a rank's particle count moves a little with
+            // each migration, and a buffer that had to grow would allocate at every step.
+            None => self
+                .sorting
+                .insert(SortBuffers::new(&stream, n + n.div_ceil(SPARE_ROOM))?),
         };
         s.fit(&stream, n)?;
         let k = &self.kernels;
@@ -60,14 +74,21 @@ impl GpuFmm {
             .arg(&state.mass)
             .arg(&n32)
             .arg(&mut s.bounds);
+        // No more blocks than a thread for each particle needs (the blocks stride over the
+        // particles; the extremes are the same for any number): fewer values come back.
+        let blocks = n
+            .div_ceil(BOUNDS_THREADS as usize)
+            .clamp(1, BOUNDS_BLOCKS as usize);
         // SAFETY: the arguments match bounds_blocks' signature; `bounds` holds
-        // BOUNDS_FIELDS values for each of the BOUNDS_BLOCKS blocks.
-        unsafe { launch.launch(config(BOUNDS_BLOCKS, BOUNDS_THREADS)) }?;
-        let bounds = stream.clone_dtoh(&s.bounds)?;
+        // BOUNDS_FIELDS values for each of the BOUNDS_BLOCKS >= `blocks` blocks.
+        unsafe { launch.launch(config(blocks as u32, BOUNDS_THREADS)) }?;
+        let bounds = stream.clone_dtoh(&s.bounds.slice(0..blocks * BOUNDS_FIELDS))?;
         stream.synchronize()?;
-        let Some(cube) = cube_of_bounds(&bounds) else {
+        // The extremes also flag a position or mass that is not finite.
+        let Some(own) = cube_of_bounds(&bounds) else {
             return Ok(None);
         };
+        let cube = cube.unwrap_or(own);
         let [lo_x, lo_y, lo_z] = cube.lo;
         let scale = cube.scale();
         let [keys_a, keys_b] = &mut s.keys;
@@ -207,6 +228,17 @@ impl GpuFmm {
         Ok(())
     }
 
+    /// The tree order of `state`'s last `sort_resident` (tree position → row) into `out`.
+    pub fn download_order(&self, state: &DeviceState, out: &mut Vec<u32>) -> Result<(), GpuError> {
+        let n = state.n;
+        let s = self.sorted(n)?;
+        out.resize(n, 0);
+        self.stream
+            .memcpy_dtoh(&s.index[0].buf.slice(0..n), &mut out[..])?;
+        self.stream.synchronize()?;
+        Ok(())
+    }
+
     /// The buffers of the last `sort_resident`, of (at least) `n` particles, for a download.
     pub(super) fn sorted(&self, n: usize) -> Result<&SortBuffers, GpuError> {
         let s = self.sorting.as_ref().ok_or_else(|| {
@@ -307,7 +339,10 @@ impl GpuFmm {
         }
         let m = match &mut self.moments {
             Some(m) => m,
-            None => self.moments.insert(MomentsBuffers::new(&stream, n, 1)?),
+            None => {
+                self.moments
+                    .insert(MomentsBuffers::new(&stream, n + n.div_ceil(SPARE_ROOM), 1)?)
+            }
         };
         let leaf_size = leaf_size.clamp(1, u32::MAX as usize) as u32;
         for column in m.cell_columns() {
@@ -434,7 +469,11 @@ impl GpuFmm {
         }
         let m = match &mut self.moments {
             Some(m) => m,
-            None => self.moments.insert(MomentsBuffers::new(&stream, n, cells)?),
+            None => self.moments.insert(MomentsBuffers::new(
+                &stream,
+                n + n.div_ceil(SPARE_ROOM),
+                cells,
+            )?),
         };
         m.fit(&stream, n, cells, levels)?;
         // Cells split here are there already (`Tree::adopt_cells` checked them).
