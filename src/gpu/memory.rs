@@ -65,11 +65,17 @@ pub fn resident_f64_counts(particles: usize) -> [usize; RESIDENT_BUFFERS] {
 /// buffers, a component byte and an id each, and for block steps a step each and at most
 /// an index and an acceleration each, gathered for the host: made only for block steps, so
 /// the figure is a bound), with the buffers of its sort into tree order
-/// (`super::sort::sort_bytes`).
+/// (`super::sort::sort_bytes`), which are made with 1/`SPARE_ROOM` room to spare.
 pub fn resident_bytes(particles: usize) -> usize {
     8 * resident_f64_counts(particles).iter().sum::<usize>()
         + (1 + 8 + 8 + 4 + 24) * particles
-        + super::sort::sort_bytes(particles)
+        + super::sort::sort_bytes(with_spare_room(particles))
+}
+
+/// `particles` and the room to spare the sort's and the moments' buffers are made with
+/// (a rank's count moves a little with each migration).
+pub fn with_spare_room(particles: usize) -> usize {
+    particles + particles.div_ceil(super::buffers::SPARE_ROOM)
 }
 
 /// The sizes the device buffers of one evaluation need: particles, cells (at least the
@@ -170,7 +176,7 @@ impl DeviceLengths {
     /// once, here in the evaluation's; the walk's fixed 1 GiB of rings and the sources it
     /// hands from level to level left out).
     pub fn bytes_per_particle(&self) -> f64 {
-        let moments = super::sort::moments_bytes(self.particles, self.cells);
+        let moments = super::sort::moments_bytes(with_spare_room(self.particles), self.cells);
         let walk = super::sort::walk_bytes(self.cells);
         (self.bytes() + resident_bytes(self.particles) + moments + walk) as f64
             / self.particles.max(1) as f64
@@ -195,18 +201,19 @@ mod tests {
         assert_eq!(l.bytes(), 8 * 125 + 4 * 53 + 8 * 6);
         // Resident: 30 + 30 + 10 + 30 + 10 + 4 + 12 f64, 10 component bytes, 10 ids, and 10
         // block-scheme steps and gathered indices and accelerations; the
-        // sort: 2 * (8 + 4) * 10 + 32 * 10 bytes for the particles, 256 counts of one block,
-        // 1024 blocks' 7 extremes, the 5 sums of the checks and a count of long runs.
-        let sort = 2 * 12 * 10 + 32 * 10 + 4 * 256 + 8 * 7 * 1024 + 8 * 5 + 4;
+        // sort, for 10 particles and 2 to spare: 2 * (8 + 4) * 12 + 32 * 12 bytes for the
+        // particles, 256 counts of one block, 1024 blocks' 7 extremes, the 5 sums of the
+        // checks and a count of long runs.
+        let sort = 2 * 12 * 12 + 32 * 12 + 4 * 256 + 8 * 7 * 1024 + 8 * 5 + 4;
         assert_eq!(
             resident_bytes(10),
             8 * 126 + 10 + 8 * 10 + 8 * 10 + 28 * 10 + sort
         );
-        // Moments: a leaf index, an active row and mark per particle, 7 u32, a flag and 10
+        // Moments: a leaf index, an active row and mark per particle (and 2 to spare), 7 u32, a flag and 10
         // f64 per cell, 32 level slots;
         // the walk: 3 u64 and 6 u32 (3 counts, 2 slots of the lists of targets launched
         // again, 1 of the targets of a sub-step) per cell, and its kept entries with their number.
-        let moments = 9 * 10 + (7 * 4 + 1 + 10 * 8) * 3 + 4 * 32;
+        let moments = 9 * 12 + (7 * 4 + 1 + 10 * 8) * 3 + 4 * 32;
         let walk = (3 * 8 + 6 * 4 + 4 * super::super::sort::WALK_CACHE + 4) * 3;
         assert_eq!(
             l.bytes_per_particle(),

@@ -314,7 +314,7 @@ fn upload_plan<'a>(
     // came with) go up; otherwise the upward pass fills them. A plan whose own multipoles
     // the device computes holds only zero placeholders (the other ranks' cells' land
     // there from the payload): zeroed here rather than sent (8 (p + 1)(p + 2) bytes a
-    // cell, 44 % of a K-rank step's upload).
+    // cell, 44 % of a step's upload on 2 ranks at 5e4).
     match plan.multipoles {
         Some(m) if m.len() != cells * len => {
             return Err(GpuError::Unsupported(format!(
