@@ -26,8 +26,9 @@ impl FmmSolver {
         let remote = tree.cells.len() > cells;
         let all = &tree.cells;
         // Leaves are in particle order and cover the own particles: each fills its range.
-        // Particles held on a device (no positions here) have their leaves found there.
-        let held_here = tree.pos.len() >= tree.own_particles;
+        // Particles held on a device (no positions here, or placeholders) have their leaves
+        // found there.
+        let held_here = !self.own_on_device && tree.pos.len() >= tree.own_particles;
         let mut leaf_of = vec![0u32; if held_here { tree.own_particles } else { 0 }];
         let mut rest = leaf_of.as_mut_slice();
         let mut ranges = Vec::with_capacity(tree.leaves.len());

@@ -272,6 +272,9 @@ pub struct FmmSolver {
     /// Set when the last plan's cell moments stayed with its `DeviceTree` (which walked):
     /// the tree's cells here hold none.
     pub(super) moments_on_device: bool,
+    /// The own particles' positions are placeholders: a device holds them and found their
+    /// leaves (`plan_split_with`), so `device_plan` lists none.
+    pub(super) own_on_device: bool,
 }
 
 impl FmmSolver {
@@ -309,6 +312,7 @@ impl FmmSolver {
             moments_scratch: Vec::new(),
             device_lists: None,
             moments_on_device: false,
+            own_on_device: false,
         }
     }
 
@@ -759,7 +763,8 @@ impl FmmSolver {
                 }
             }
         }
-        if split_there && remote.is_some() {
+        self.own_on_device = split_there && remote.is_some();
+        if self.own_on_device {
             // Other ranks' cells follow the own ones, and their particles the own ones'
             // (placeholders, like theirs: the devices move the payload); the order comes
             // from the device.
